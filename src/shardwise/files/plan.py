@@ -1,0 +1,109 @@
+"""Cut the total bytes of many files into one contiguous, near-equal byte range per rank.
+
+The ranges ignore file boundaries, so a 15,000-line file next to a 50-line file does not
+unbalance the ranks: rank ``r`` of ``W`` gets global bytes ``[T*r//W, T*(r+1)//W)`` of the
+``T`` bytes. A line belongs to the range that holds its first byte (see ``read.py``), so every
+line is read by exactly one rank, and no rank needs to talk to another to know its share.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from shardwise.files.sources import Paths, Source, expand
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes ``[start, stop)`` of one file, inside one rank's range (before line alignment)."""
+
+    file: int
+    source: Source
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which bytes of which files each of ``world_size`` ranks reads.
+
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "a.txt").write_text("1,2\\n3,4\\n"); _ = (folder / "b.txt").write_text("5,6\\n")
+    >>> p = plan(folder, 2)
+    >>> p.total_bytes, p.bounds(0), p.bounds(1)
+    (12, (0, 6), (6, 12))
+    """
+
+    sources: tuple[Source, ...]
+    world_size: int
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """Global byte offset of each file's first byte, then the total (``len(sources) + 1``)."""
+        return np.concatenate([[0], np.cumsum([s.size for s in self.sources], dtype=np.int64)])
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.offsets[-1])
+
+    def bounds(self, rank: int) -> tuple[int, int]:
+        """Global bytes ``[start, stop)`` of ``rank``'s range."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        total = self.total_bytes
+        return total * rank // self.world_size, total * (rank + 1) // self.world_size
+
+    def pieces(self, rank: int) -> list[Piece]:
+        """The non-empty per-file parts of ``rank``'s range, in file order."""
+        start, stop = self.bounds(rank)
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        pieces = []
+        for index in range(max(first, 0), len(self.sources)):
+            file_start = int(self.offsets[index])
+            if file_start >= stop:
+                break
+            lo, hi = max(start - file_start, 0), min(stop - file_start, self.sources[index].size)
+            if lo < hi:
+                pieces.append(Piece(index, self.sources[index], lo, hi))
+        return pieces
+
+    def table(self) -> Table:
+        """The plan as a rich table: one row per rank with its bytes and the files it starts in."""
+        files = f"{len(self.sources)} file{'s' if len(self.sources) != 1 else ''}"
+        table = Table(title=f"{files}, {self.total_bytes:,} bytes, {self.world_size} ranks")
+        for column in ("rank", "bytes", "from", "to"):
+            table.add_column(column, justify="right" if column in ("rank", "bytes") else "left")
+        for rank in range(self.world_size):
+            pieces = self.pieces(rank)
+            start, stop = self.bounds(rank)
+            ends = [f"{p.source.name}@{p.start:,}" for p in pieces[:1]] + [
+                f"{p.source.name}@{p.stop:,}" for p in pieces[-1:]]
+            table.add_row(str(rank), f"{stop - start:,}", *(ends or ["-", "-"]))
+        return table
+
+    def __rich__(self) -> Table:
+        return self.table()
+
+    def __str__(self) -> str:
+        buffer = io.StringIO()
+        # Wide enough never to wrap a path: the table itself only takes the width it needs.
+        Console(file=buffer, width=10_000, color_system=None).print(self.table())
+        return buffer.getvalue()
+
+
+def plan(paths: Paths | Plan, world_size: int) -> Plan:
+    """Plan how ``world_size`` ranks split the bytes of ``paths`` (files, directories, globs, URLs).
+
+    A missing file raises ``FileNotFoundError`` naming it. Passing a ``Plan`` re-plans its files.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    sources = paths.sources if isinstance(paths, Plan) else tuple(expand(paths))
+    return Plan(sources, world_size)

@@ -1,0 +1,142 @@
+"""plan + read: every line of every file is read by exactly one rank, in order, whatever the files."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.files import iter_chunks, plan, read_bytes, read_lines
+
+# A file is a list of lines, each ending "\n" or "\r\n", maybe without a final terminator.
+_line = st.text(alphabet=st.characters(blacklist_characters="\r\n", codec="utf-8"), max_size=12)
+_file = st.tuples(
+    st.lists(st.tuples(_line, st.sampled_from(["\n", "\r\n"])), max_size=12), st.booleans()
+)
+
+
+def _write(folder: Path, files: list) -> tuple[list[Path], list[str]]:
+    """Write the files; return their paths and all their lines, in order."""
+    paths, expected = [], []
+    for index, (lines, final_terminator) in enumerate(files):
+        text = "".join(line + end for line, end in lines)
+        expected.extend(line for line, _ in lines)
+        if lines and not final_terminator:
+            text = text[: -len(lines[-1][1])]
+            if not lines[-1][0]:
+                expected.pop()  # an empty last line without its terminator is no line at all
+        path = folder / f"part-{index:03d}.txt"
+        path.write_bytes(text.encode("utf-8"))
+        paths.append(path)
+    return paths, expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(files=st.lists(_file, min_size=1, max_size=6), world_size=st.integers(1, 64))
+def test_every_line_is_read_exactly_once_in_file_order(files: list, world_size: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        paths, expected = _write(Path(folder), files)
+        the_plan = plan(paths, world_size)
+        per_rank = [read_lines(the_plan, rank, world_size) for rank in range(world_size)]
+        assert [line for lines in per_rank for line in lines] == expected
+        skipped = [read_lines(the_plan, rank, world_size, skip_blank=True) for rank in range(world_size)]
+        assert [line for lines in skipped for line in lines] == [line for line in expected if line]
+        # The chunks tile the files byte for byte, whatever the block size.
+        for block_bytes in (1, 7, 1 << 20):
+            pieces: dict[str, list] = {}
+            for rank in range(world_size):
+                for chunk in iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes):
+                    pieces.setdefault(chunk.source.name, []).append((chunk.start, chunk.data))
+                    assert chunk.start == 0 or _byte_before(chunk) == b"\n"
+            for path in paths:
+                got = sorted(pieces.get(str(path), []))
+                assert b"".join(data for _, data in got) == path.read_bytes()
+
+
+def _byte_before(chunk) -> bytes:
+    with open(chunk.source.name, "rb") as f:
+        f.seek(chunk.start - 1)
+        return f.read(1)
+
+
+@given(sizes=st.lists(st.integers(0, 10_000), min_size=1, max_size=20), world_size=st.integers(1, 64))
+def test_ranges_are_contiguous_and_within_one_byte_of_equal(sizes: list[int], world_size: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        paths = []
+        for index, size in enumerate(sizes):
+            path = Path(folder) / f"{index:02d}"
+            path.write_bytes(b"x" * size)
+            paths.append(path)
+        the_plan = plan(paths, world_size)
+        bounds = [the_plan.bounds(rank) for rank in range(world_size)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == sum(sizes)
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        widths = [stop - start for start, stop in bounds]
+        assert max(widths) - min(widths) <= 1
+        for rank, (start, stop) in enumerate(bounds):
+            covered = sum(p.stop - p.start for p in the_plan.pieces(rank))
+            assert covered == stop - start
+
+
+def test_seed_example_a_huge_file_and_a_tiny_one_balance_by_bytes(tmp_path: Path) -> None:
+    big = tmp_path / "big.txt"
+    big.write_text("".join(f"{i},{i + 1}\n" for i in range(15_000)))
+    small = tmp_path / "small.txt"
+    small.write_text("".join(f"{i},{i + 1}\n" for i in range(50)))
+    world_size = 6
+    per_rank = [len(read_bytes([big, small], rank, world_size)) for rank in range(world_size)]
+    assert sum(per_rank) == big.stat().st_size + small.stat().st_size
+    mean = sum(per_rank) / world_size
+    assert max(per_rank) / mean <= 1.01
+
+
+def test_fewer_bytes_than_ranks_gives_the_lines_to_some_ranks_and_nothing_to_others(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.txt"
+    path.write_bytes(b"a\nb")
+    per_rank = [read_lines(path, rank, 16) for rank in range(16)]
+    assert [line for lines in per_rank for line in lines] == ["a", "b"]
+    assert sum(1 for lines in per_rank if lines) == 2
+
+
+def test_a_blank_line_does_not_cut_a_file_short(tmp_path: Path) -> None:
+    first = tmp_path / "1.txt"
+    first.write_text("a\n\nb\nc\n")
+    second = tmp_path / "2.txt"
+    second.write_text("d\n")
+    assert read_lines([first, second], 0, 1, skip_blank=True) == ["a", "b", "c", "d"]
+
+
+def test_directories_and_globs_expand_sorted_and_skip_hidden_files(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("b\n")
+    (tmp_path / "a.txt").write_text("a\n")
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / ".a.txt.crc").write_text("junk\n")
+    assert read_lines(tmp_path, 0, 1) == ["a", "b"]
+    assert read_lines(str(tmp_path / "*.txt"), 0, 1) == ["a"]
+    assert read_lines(f"file://{tmp_path}/sub/b.txt", 0, 1) == ["b"]
+
+
+def test_missing_inputs_raise_errors_naming_them(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(FileNotFoundError, match="input file not found: .*nope.txt"):
+        plan([missing], 2)
+    with pytest.raises(FileNotFoundError, match=r"no input file matches the glob .*\*.csv"):
+        plan(str(tmp_path / "*.csv"), 2)
+    (tmp_path / "a.txt").write_text("a\n")
+    with pytest.raises(ValueError, match="a.txt is named twice"):
+        plan([tmp_path / "a.txt", tmp_path], 2)
+    with pytest.raises(ValueError, match="world_size must be a positive int, got 0"):
+        plan(tmp_path, 0)
+
+
+def test_the_plan_prints_as_a_table_with_one_row_per_rank(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x\n" * 100)
+    text = str(plan(tmp_path, 3))
+    assert "200 bytes, 3 ranks" in text
+    rows = [line for line in text.splitlines() if "a.txt@" in line]
+    assert len(rows) == 3 and all(os.fspath(tmp_path) in row for row in rows)
