@@ -1,0 +1,205 @@
+import warnings
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+from torch.utils.data import DistributedSampler as TorchSampler
+
+import shardwise.samplers.distributed as distributed_module
+from shardwise import DistributedSampler
+
+configs = st.fixed_dictionaries({
+    "size": st.integers(0, 120),
+    "world": st.integers(1, 16),
+    "seed": st.integers(0, 2**31),
+    "epoch": st.integers(0, 1000),
+    "layout": st.sampled_from(["strided", "block"]),
+    "remainder": st.sampled_from(["pad", "drop", "uneven"]),
+    "permutation": st.sampled_from(["torch", "feistel"]),
+    "shuffle": st.booleans(),
+})
+
+
+def all_ranks(cfg, **overrides):
+    options = {**cfg, **overrides}
+    samplers = [
+        DistributedSampler(
+            options["size"], options["world"], rank, shuffle=options["shuffle"],
+            seed=options["seed"], remainder=options["remainder"], layout=options["layout"],
+            permutation=options["permutation"],
+        )
+        for rank in range(options["world"])
+    ]
+    for sampler in samplers:
+        sampler.set_epoch(options["epoch"])
+    return samplers
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    size=st.integers(0, 300), world=st.integers(1, 20), data=st.data(),
+    shuffle=st.booleans(), seed=st.integers(0, 2**40), epoch=st.integers(0, 50),
+    drop_last=st.booleans(),
+)
+def test_defaults_match_torch_bit_for_bit(size, world, data, shuffle, seed, epoch, drop_last):
+    rank = data.draw(st.integers(0, world - 1))
+    theirs = TorchSampler(range(size), world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    ours = DistributedSampler(range(size), world, rank, shuffle=shuffle, seed=seed,
+                              drop_last=drop_last)
+    theirs.set_epoch(epoch)
+    ours.set_epoch(epoch)
+    assert list(ours) == list(theirs)
+    assert len(ours) == len(theirs)
+    assert (ours.num_samples, ours.total_size) == (theirs.num_samples, theirs.total_size)
+
+
+@settings(max_examples=300, deadline=None)
+@given(configs)
+def test_invariants_of_every_configuration(cfg):
+    per_rank = [list(s) for s in all_ranks(cfg)]
+    again = [list(s) for s in all_ranks(cfg)]
+    assert per_rank == again  # the same configuration gives the same order, every time
+    counts = Counter(i for share in per_rank for i in share)
+    lengths = [len(share) for share in per_rank]
+    size, world = cfg["size"], cfg["world"]
+    assert set(counts) <= set(range(size))
+    if cfg["remainder"] == "uneven":
+        assert sorted(counts.elements()) == list(range(size))
+        assert max(lengths) - min(lengths) <= 1
+    elif cfg["remainder"] == "drop":
+        assert set(counts.values()) <= {1} and len(set(lengths)) == 1
+        assert size - len(counts) <= world - 1
+    else:
+        assert set(counts) == set(range(size)) and len(set(lengths)) == 1
+        assert sum(lengths) - size <= world - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(configs, st.data())
+def test_indices_slices_and_padding_mask_agree_with_iteration(cfg, data):
+    sampler = all_ranks(cfg)[data.draw(st.integers(0, cfg["world"] - 1))]
+    whole = list(sampler)
+    start = data.draw(st.integers(0, len(whole)))
+    stop = data.draw(st.integers(start, len(whole)))
+    assert sampler.indices(start, stop).tolist() == whole[start:stop]
+    assert sampler.indices().dtype == np.int64
+    mask = sampler.padding_mask()
+    assert len(mask) == len(whole)
+    if cfg["remainder"] != "pad":
+        assert not mask.any()
+    else:  # dropping the masked positions of every rank leaves each sample exactly once
+        kept = Counter(i for s in all_ranks(cfg) for i, pad in zip(s, s.padding_mask()) if not pad)
+        assert sorted(kept.elements()) == list(range(cfg["size"]))
+
+
+def test_padding_mask_marks_torchs_repeats():
+    masks = [DistributedSampler(7, 3, r, shuffle=False).padding_mask().tolist() for r in range(3)]
+    assert masks == [[False, False, False], [False, False, True], [False, False, True]]
+
+
+def test_epochs_advance_by_themselves_unless_set():
+    sampler = DistributedSampler(50, 2, 0, seed=3)
+    passes = [list(sampler) for _ in range(3)]
+    expected = []
+    for epoch in range(3):
+        reference = DistributedSampler(50, 2, 0, seed=3)
+        reference.set_epoch(epoch)
+        expected.append(list(reference))
+    assert passes == expected and len({tuple(p) for p in passes}) == 3
+    sampler.set_epoch(1)
+    assert list(sampler) == expected[1]
+    sampler.set_epoch(1)  # torch's habit of setting the epoch before every pass
+    assert list(sampler) == expected[1]
+
+
+def test_a_pass_after_set_epoch_uses_exactly_that_epoch():
+    sampler = DistributedSampler(50, 2, 0, seed=3)
+    list(sampler)
+    sampler.set_epoch(0)
+    first = list(sampler)
+    assert sampler.epoch == 0
+    assert list(sampler) != first and sampler.epoch == 1
+
+
+def test_works_as_a_dataloader_sampler():
+    data = torch.arange(100, 200)
+    sampler = DistributedSampler(data, num_replicas=4, rank=1, seed=9)
+    batches = list(DataLoader(data, batch_size=8, sampler=sampler))
+    expected = [100 + i for i in sampler.indices()]
+    assert torch.cat(batches).tolist() == expected
+    assert len(DataLoader(data, batch_size=8, sampler=sampler)) == 4
+
+
+def test_world_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    monkeypatch.setenv("RANK", "3")
+    sampler = DistributedSampler(20)
+    assert (sampler.num_replicas, sampler.rank) == (5, 3)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    assert (DistributedSampler(20).num_replicas, DistributedSampler(20).rank) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        ({"dataset_or_size": -1}, ValueError, "at least 0, got -1"),
+        ({"dataset_or_size": object()}, TypeError, "int or have __len__"),
+        ({"dataset_or_size": 3.5}, TypeError, "__len__"),
+        ({"rank": 4}, ValueError, r"rank must be in \[0, 4\).*got 4"),
+        ({"rank": -1}, ValueError, "got -1"),
+        ({"num_replicas": 0, "rank": 0}, ValueError, "at least 1, got 0"),
+        ({"layout": "interleaved"}, ValueError, r"unknown layout 'interleaved'.*'strided', 'block'"),
+        ({"remainder": "wrap"}, ValueError, r"unknown remainder 'wrap'.*'pad', 'drop', 'uneven'"),
+        ({"permutation": "numpy"}, ValueError, r"unknown permutation 'numpy'.*'torch', 'feistel'"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int, got 1.5"),
+        ({"seed": "0"}, TypeError, r"seed must be an int, got '0'"),
+        ({"drop_last": True, "remainder": "pad"}, ValueError, "drop_last=True means"),
+        ({"shuffle": "yes"}, TypeError, "shuffle must be a bool"),
+    ],
+)
+def test_bad_input_is_named(kwargs, error, message):
+    arguments = {"dataset_or_size": 10, "num_replicas": 4, "rank": 0, **kwargs}
+    with pytest.raises(error, match=message):
+        DistributedSampler(**arguments)
+
+
+def test_drop_last_agrees_with_an_explicit_drop():
+    a = DistributedSampler(10, 3, 1, drop_last=True, remainder="drop")
+    assert a.remainder == "drop" and list(a) == list(DistributedSampler(10, 3, 1, drop_last=True))
+
+
+def test_torch_order_warns_once_at_scale(monkeypatch):
+    monkeypatch.setattr(distributed_module, "_warned_torch_scale", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DistributedSampler(2**25, 8, 0)
+        DistributedSampler(2**25, 8, 1)
+        DistributedSampler(2**25, 8, 0, permutation="feistel")
+    assert len(caught) == 1 and "permutation='feistel'" in str(caught[0].message)
+
+
+def test_billions_of_samples_in_constant_memory():
+    sampler = DistributedSampler(10**12, 1024, 1023, permutation="feistel", seed=1)
+    first = sampler.indices(0, 1000)
+    assert len(sampler) == 976_562_500
+    assert first.min() >= 0 and first.max() < 10**12 and len(np.unique(first)) == 1000
+    assert next(iter(sampler)) == first[0]
+    assert sampler.indices(len(sampler) - 3).shape == (3,)
+
+
+def test_config_and_fingerprint_tell_configurations_apart():
+    base = DistributedSampler(100, 4, 0, seed=1)
+    assert base.config() == {
+        "size": 100, "seed": 1, "epoch": 0, "shuffle": True, "layout": "strided",
+        "remainder": "pad", "permutation": "torch", "num_replicas": 4,
+    }
+    same = DistributedSampler(100, 4, 3, seed=1)
+    assert base.fingerprint() == same.fingerprint()
+    for other in (DistributedSampler(100, 4, 0, seed=2), DistributedSampler(101, 4, 0, seed=1),
+                  DistributedSampler(100, 4, 0, seed=1, permutation="feistel")):
+        assert other.fingerprint() != base.fingerprint()

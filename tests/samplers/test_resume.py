@@ -1,0 +1,141 @@
+import json
+from collections import Counter
+from itertools import islice
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise import DistributedSampler
+
+
+def ranks(size, world, epoch=2, **options):
+    samplers = [DistributedSampler(size, world, rank, seed=7, **options) for rank in range(world)]
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    return samplers
+
+
+def consume(samplers, count):
+    """Each rank takes ``count`` samples of its pass, as DDP's lock step gives."""
+    return Counter(i for s in samplers for i in islice(iter(s), count))
+
+
+def resume(state, size, world, epoch=2, **options):
+    samplers = [DistributedSampler(size, world, rank, seed=7, **options) for rank in range(world)]
+    for sampler in samplers:
+        sampler.load_state_dict(json.loads(json.dumps(state)))  # states are plain data
+        sampler.set_epoch(epoch)  # the usual loop: keeps the restored position
+    return samplers
+
+
+def check_epoch_totals(total, size, world, remainder):
+    if remainder == "uneven":
+        assert sorted(total.elements()) == list(range(size))
+    elif remainder == "drop":
+        assert set(total.values()) <= {1}
+    else:
+        assert set(total) == set(range(size))
+
+
+@pytest.mark.parametrize("old,new", [(4, 3), (4, 6), (2, 1), (1, 8), (3, 3)])
+@pytest.mark.parametrize("layout", ["strided", "block"])
+@pytest.mark.parametrize("remainder", ["pad", "drop", "uneven"])
+@pytest.mark.parametrize("permutation", ["torch", "feistel"])
+def test_elastic_resume_finishes_the_epoch(old, new, layout, remainder, permutation):
+    size = 103
+    options = {"layout": layout, "remainder": remainder, "permutation": permutation}
+    before = ranks(size, old, **options)
+    used = consume(before, 9)
+    after = resume(before[0].state_dict(), size, new, **options)
+    lengths = [len(s) for s in after]
+    rest = Counter(i for s in after for i in s)
+    assert not set(used) & set(rest) or remainder == "pad"  # pad may repeat, nothing else may
+    check_epoch_totals(used + rest, size, new, remainder)
+    assert max(lengths) - min(lengths) <= (1 if remainder == "uneven" else 0)
+    # The next epoch is an ordinary epoch on the new world size.
+    assert [list(s) for s in after] == [list(s) for s in ranks(size, new, epoch=3, **options)]
+
+
+@pytest.mark.parametrize("layout", ["strided", "block"])
+@pytest.mark.parametrize("remainder", ["pad", "drop", "uneven"])
+@pytest.mark.parametrize("permutation", ["torch", "feistel"])
+def test_same_world_resume_continues_each_ranks_own_sequence(layout, remainder, permutation):
+    options = {"layout": layout, "remainder": remainder, "permutation": permutation}
+    whole = [list(s) for s in ranks(50, 4, **options)]
+    before = ranks(50, 4, **options)
+    consume(before, 5)
+    after = resume(before[2].state_dict(), 50, 4, **options)
+    assert [list(s) for s in after] == [share[5:] for share in whole]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(0, 90), old=st.integers(1, 9), new=st.integers(1, 9), middle=st.integers(1, 9),
+    layout=st.sampled_from(["strided", "block"]),
+    remainder=st.sampled_from(["pad", "drop", "uneven"]),
+    permutation=st.sampled_from(["torch", "feistel"]), data=st.data(),
+)
+def test_two_elastic_resumes_in_one_epoch(size, old, new, middle, layout, remainder,
+                                          permutation, data):
+    options = {"layout": layout, "remainder": remainder, "permutation": permutation}
+    first = ranks(size, old, **options)
+    used = consume(first, data.draw(st.integers(0, min(len(s) for s in first))))
+    second = resume(first[0].state_dict(), size, middle, **options)
+    used += consume(second, data.draw(st.integers(0, min(len(s) for s in second))))
+    third = resume(second[-1].state_dict(), size, new, **options)
+    total = used + Counter(i for s in third for i in s)
+    check_epoch_totals(total, size, new, remainder)
+    if remainder != "pad":
+        assert set(total.values()) <= {1}
+
+
+def test_consumed_counts_what_training_used_not_what_was_prefetched():
+    sampler = ranks(40, 2)[0]
+    iterator = iter(sampler)
+    prefetched = list(islice(iterator, 12))  # a DataLoader ran ahead...
+    state = sampler.state_dict(consumed=8)  # ...but training used only 8
+    assert state["consumed"] == 8 and sampler.state_dict()["consumed"] == 12
+    assert list(resume(state, 40, 2)[0]) == prefetched[8:] + list(iterator)
+
+
+def test_a_finished_epoch_resumes_as_an_empty_pass_then_moves_on():
+    before = ranks(20, 2)
+    for sampler in before:
+        list(sampler)
+    after = resume(before[0].state_dict(), 20, 3)
+    assert [list(s) for s in after] == [[], [], []]
+    assert [list(s) for s in after] == [list(s) for s in ranks(20, 3, epoch=3)]
+
+
+def test_resume_at_a_trillion_samples_costs_no_replay():
+    before = DistributedSampler(10**12, 1024, 5, permutation="feistel")
+    state = before.state_dict(consumed=123_456_789)
+    after = DistributedSampler(10**12, 1000, 999, permutation="feistel")
+    after.load_state_dict(state)
+    assert len(after) == -(-(10**12 - 123_456_789 * 1024) // 1000)  # pad rounds up
+    assert after.indices(0, 3).shape == (3,)
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [({"size": 41}, "size"), ({"seed": 8}, "seed"), ({"permutation": "feistel"}, "permutation"),
+     ({"shuffle": False}, "permutation")],
+)
+def test_a_state_from_another_configuration_is_refused(change, field):
+    state = ranks(40, 2)[0].state_dict()
+    options = {"size": 40, "seed": 7, **change}
+    sampler = DistributedSampler(options.pop("size"), 2, 0, **options)
+    with pytest.raises(ValueError, match=f"saved with {field}=.*this sampler has {field}="):
+        sampler.load_state_dict(state)
+
+
+def test_malformed_states_are_refused():
+    sampler = ranks(40, 2)[0]
+    state = sampler.state_dict()
+    with pytest.raises(ValueError, match="missing consumed"):
+        sampler.load_state_dict({k: v for k, v in state.items() if k != "consumed"})
+    with pytest.raises(ValueError, match="consumed=99 but no rank had more than 20"):
+        sampler.load_state_dict({**state, "consumed": 99})
+    with pytest.raises(ValueError, match="consumed=21 but this rank's pass has only 20"):
+        sampler.state_dict(consumed=21)

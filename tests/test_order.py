@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.order import FEISTEL_MAX_SIZE, FeistelOrder, make_order
+
+
+@pytest.mark.parametrize("seed,epoch", [(0, 0), (1, 0), (0, 7), (-3, 2**40)])
+def test_feistel_is_a_permutation_for_every_small_size(seed, epoch):
+    for size in range(0, 1200):
+        values = FeistelOrder(size, seed, epoch).take(np.arange(size))
+        assert np.array_equal(np.sort(values), np.arange(size)), size
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, FEISTEL_MAX_SIZE),
+    seed=st.integers(-(2**63), 2**63),
+    epoch=st.integers(0, 10**6),
+    data=st.data(),
+)
+def test_feistel_random_access_is_injective_and_in_range(size, seed, epoch, data):
+    positions = np.array(
+        data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=200, unique=True)),
+        dtype=np.int64,
+    )
+    order = FeistelOrder(size, seed, epoch)
+    values = order.take(positions)
+    assert values.min() >= 0 and values.max() < size
+    assert len(np.unique(values)) == len(positions)
+    # Random access agrees with evaluating one position at a time, in any process.
+    assert [int(order.take(np.array([p]))[0]) for p in positions[:5]] == values[:5].tolist()
+    assert np.array_equal(FeistelOrder(size, seed, epoch).take(positions), values)
+
+
+def test_feistel_exhaustive_at_bit_boundaries():
+    for size in [2**k + d for k in range(2, 17) for d in (-1, 0, 1)]:
+        values = FeistelOrder(size, 11, 3).take(np.arange(size))
+        assert np.array_equal(np.sort(values), np.arange(size)), size
+
+
+def test_feistel_orders_differ_by_seed_and_epoch_and_look_shuffled():
+    base = FeistelOrder(10_000, 0, 0).take(np.arange(10_000))
+    for other in (FeistelOrder(10_000, 1, 0), FeistelOrder(10_000, 0, 1)):
+        assert np.mean(other.take(np.arange(10_000)) == base) < 0.01
+    # No long monotone runs: about half of the neighbours ascend.
+    assert 0.45 < np.mean(np.diff(base) > 0) < 0.55
+
+
+def test_feistel_rejects_sizes_beyond_int64():
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        FeistelOrder(2**63, 0, 0)
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 7, 1000])
+@pytest.mark.parametrize("seed,epoch", [(0, 0), (5, 3), (-2, 1)])
+def test_torch_order_is_torch_randperm(size, seed, epoch):
+    expected = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch))
+    got = make_order(size, seed, epoch, "torch").take(np.arange(size))
+    assert got.tolist() == expected.tolist()
+
+
+def test_identity_and_unknown_names():
+    assert make_order(5, 9, 9, None).take(np.arange(5)).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"unknown permutation 'random'.*'torch', 'feistel'"):
+        make_order(5, 0, 0, "random")
