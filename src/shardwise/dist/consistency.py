@@ -1,0 +1,171 @@
+"""Make every rank agree: compare what each rank believes and fail loudly on all of them.
+
+A rank whose sampler has another seed, epoch or dataset length than the others does not crash;
+it silently reads data that overlaps theirs. :func:`check_consistent` turns that into an error
+on every rank, at the cost of one small collective. Samplers never run collectives on their own,
+so call it yourself, once per epoch, after ``set_epoch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import torch.distributed as torch_dist
+
+
+class InconsistentRanksError(RuntimeError):
+    """Ranks that must agree do not; the message names which ranks differ in which field."""
+
+
+class ConfiguredSampler(Protocol):
+    """What :func:`check_consistent` needs from a sampler (``shardwise.DistributedSampler`` has it)."""
+
+    rank: int
+
+    def config(self) -> dict[str, Any]: ...
+
+    def fingerprint(self) -> int: ...
+
+
+def group_world(group: Any = None) -> tuple[int, int]:
+    """``(world_size, rank)`` of this process in ``group``; ``(1, 0)`` when not distributed.
+
+    >>> group_world()
+    (1, 0)
+    """
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_world_size(group), torch_dist.get_rank(group)
+    if group is not None:
+        raise ValueError(f"got group={group!r} but torch.distributed is not initialized; "
+                         "call torch.distributed.init_process_group first")
+    return 1, 0
+
+
+def gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank.
+
+    >>> gather_objects({"seed": 0})
+    [{'seed': 0}]
+    """
+    world, _ = group_world(group)
+    if world == 1:
+        return [obj]
+    objects: list[Any] = [None] * world
+    torch_dist.all_gather_object(objects, obj, group=group)
+    return objects
+
+
+def agree(
+    mine: Mapping[str, Any], must_match: Sequence[str], group: Any = None, *, caller: str
+) -> list[dict[str, Any]]:
+    """Every rank's ``mine``, after making every rank raise if any rank's input is unusable.
+
+    ``mine["problem"]`` is that rank's input error or ``None``; any such error is raised on all
+    ranks (so none is left waiting in the next collective), then :class:`InconsistentRanksError`
+    if a ``must_match`` field differs between ranks.
+
+    >>> agree({"problem": None, "size": 7}, ["size"], caller="coverage")
+    [{'problem': None, 'size': 7}]
+    """
+    per_rank = gather_objects(dict(mine), group)
+    raise_first_problem([fields["problem"] for fields in per_rank])
+    differ = disagreements([{key: fields[key] for key in must_match} for fields in per_rank])
+    if differ:
+        raise InconsistentRanksError(f"{caller} needs the same {', '.join(must_match)} on every "
+                                     "rank: " + "; ".join(differ))
+    return per_rank
+
+
+def raise_first_problem(problems: Sequence[BaseException | None]) -> None:
+    """Raise the lowest rank's exception, its message listing every rank's problem.
+
+    >>> raise_first_problem([None, ValueError("size must be an int")])
+    Traceback (most recent call last):
+    ValueError: rank 1: size must be an int
+    """
+    bad = [(rank, exc) for rank, exc in enumerate(problems) if exc is not None]
+    if bad:
+        message = "; ".join(f"rank {rank}: {exc}" for rank, exc in bad)
+        raise type(bad[0][1])(message)
+
+
+def disagreements(per_rank: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One sentence per value that is not the most common one, for each field that differs.
+
+    >>> disagreements([{"seed": 0}, {"seed": 0}, {"seed": 1}])
+    ['rank 2 has seed=1 where ranks 0, 1 have seed=0']
+    """
+    fields = list(dict.fromkeys(key for fields in per_rank for key in fields))
+    sentences = []
+    for field in fields:
+        groups = _group_ranks([fields.get(field, _MISSING) for fields in per_rank])
+        # The largest group is taken as the intended value (ties: the one with the lowest rank).
+        usual_value, usual_ranks = max(groups, key=lambda group: len(group[1]))
+        for value, ranks in groups:
+            if ranks is not usual_ranks:
+                sentences.append(f"{_ranks_have(ranks)} {_show(field, value)} where "
+                                 f"{_ranks_have(usual_ranks)} {_show(field, usual_value)}")
+    return sentences
+
+
+def check_consistent(sampler: ConfiguredSampler, group: Any = None) -> None:
+    """Raise :class:`InconsistentRanksError` on every rank unless all samplers agree.
+
+    Compares ``sampler.config()`` and ``sampler.fingerprint()`` across the ranks of ``group``
+    (one ``all_gather_object``), and checks that ``num_replicas`` is the group's size and each
+    sampler's ``rank`` its process's rank in the group.
+
+    >>> from shardwise import DistributedSampler
+    >>> check_consistent(DistributedSampler(7, num_replicas=1, rank=0))
+    """
+    world, _ = group_world(group)
+    mine = {**sampler.config(), "fingerprint": int(sampler.fingerprint())}
+    per_rank = gather_objects((sampler.rank, mine), group)
+    problems = disagreements([fields for _, fields in per_rank])
+    problems += [f"rank {rank}'s sampler has rank={sampler_rank!r}"
+                 for rank, (sampler_rank, _) in enumerate(per_rank) if sampler_rank != rank]
+    for value, ranks in _group_ranks([fields.get("num_replicas") for _, fields in per_rank]):
+        if value != world:
+            problems.append(f"{_ranks_have(ranks)} num_replicas={value!r} but the process group "
+                            f"has {world} rank{'s' if world != 1 else ''}")
+    if problems:
+        raise InconsistentRanksError(
+            "samplers differ across ranks, so their shares would overlap or leave gaps: "
+            + "; ".join(problems)
+            + ". Build the sampler from the same arguments on every rank and call "
+            "set_epoch(epoch) on all of them."
+        )
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
+
+
+def _group_ranks(values: Sequence[Any]) -> list[tuple[Any, list[int]]]:
+    # Equality, not hashing, so unhashable values (lists, arrays' tuples) group too.
+    groups: list[tuple[Any, list[int]]] = []
+    for rank, value in enumerate(values):
+        for known, ranks in groups:
+            if known == value:
+                ranks.append(rank)
+                break
+        else:
+            groups.append((value, [rank]))
+    return groups
+
+
+def _ranks_have(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} has"
+    return f"ranks {', '.join(map(str, ranks))} have"
+
+
+def _show(field: str, value: Any) -> str:
+    if field == "fingerprint" and isinstance(value, int):
+        return f"{field}={value:#018x}"
+    return f"{field}={value!r}"

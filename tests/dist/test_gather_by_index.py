@@ -1,0 +1,186 @@
+"""gather_by_index: every dataset index exactly once, in order, whatever split made the shares."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as torch_dist
+import torch.utils.data as tud
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.dist.consistency import InconsistentRanksError
+from shardwise.dist.gather import assemble, gather_by_index
+from shardwise.dist.launch import spawn_local
+from shardwise.samplers.distributed import DistributedSampler
+
+
+def result_of(indices: np.ndarray) -> torch.Tensor:
+    """A per-sample "result" that names its sample: row i is (i, -i / 2)."""
+    indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+    return torch.stack([indices.double(), -indices.double() / 2], dim=1)
+
+
+def everyone(size: int) -> torch.Tensor:
+    return result_of(np.arange(size))
+
+
+# -- one process: the assembly logic on simulated splits ----------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(0, 60), world=st.integers(1, 6), seed=st.integers(0, 2**31 - 1),
+    remainder=st.sampled_from(["pad", "uneven"]), layout=st.sampled_from(["strided", "block"]),
+    shuffle=st.booleans(),
+)
+def test_any_split_that_misses_nothing_assembles_to_dataset_order(
+    size, world, seed, remainder, layout, shuffle
+):
+    shares = [DistributedSampler(size, world, rank, shuffle, seed, remainder=remainder,
+                                 layout=layout).indices() for rank in range(world)]
+    indices = np.concatenate(shares)
+    got = gather_by_index(result_of(indices), indices, size)  # one process sees every share
+    assert torch.equal(got, everyone(size))
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(1, 40), world=st.integers(1, 5), seed=st.integers(0, 1000))
+def test_torch_padded_split_assembles_to_dataset_order(size, world, seed):
+    shares = [list(tud.DistributedSampler(range(size), world, rank, seed=seed))
+              for rank in range(world)]
+    indices = np.concatenate(shares)
+    assert len(indices) >= size  # padded
+    assert torch.equal(assemble(result_of(indices), torch.as_tensor(indices), size),
+                       everyone(size))
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), size=st.integers(1, 50))
+def test_missing_indices_are_counted_and_listed(data, size):
+    indices = data.draw(st.lists(st.integers(0, size - 1), max_size=2 * size))
+    missing = sorted(set(range(size)) - set(indices))
+    if not missing:
+        return
+    with pytest.raises(ValueError) as caught:
+        gather_by_index(result_of(indices), indices, size)
+    shown = ", ".join(map(str, missing[:10]))
+    assert f"{len(missing)} of {size} indices have no result" in str(caught.value)
+    assert f": {shown})" in str(caught.value)
+
+
+def test_first_occurrence_wins_for_repeats():
+    got = gather_by_index(torch.tensor([1, 2, 3, 9]), np.array([2, 0, 1, 2]), 3)
+    assert got.tolist() == [2, 3, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int16, torch.float16, torch.bfloat16,
+                                   torch.complex64, torch.uint8, torch.int64, torch.float64])
+def test_every_dtype_and_row_shape_round_trips(dtype):
+    full = (torch.arange(5 * 6).reshape(5, 2, 3) % 7).to(dtype)
+    order = [4, 1, 3, 0, 2, 4]
+    got = gather_by_index(full[order], order, 5)
+    assert got.dtype == dtype and torch.equal(got, full)
+
+
+def test_numpy_values_give_a_tensor():
+    got = gather_by_index(np.array([0.5, 1.5]), np.array([1, 0], dtype=np.uint32), 2)
+    assert torch.equal(got, torch.tensor([1.5, 0.5], dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("values", "indices", "size", "error", "message"),
+    [
+        ([1.0, 2.0], [0, 1], 2, TypeError, "got list"),
+        (np.array(["a", "b"]), [0, 1], 2, TypeError, "dtype <U1"),
+        (torch.tensor(1.0), [0], 1, ValueError, "got a 0-d tensor"),
+        (torch.zeros(2), [0.0, 1.0], 2, TypeError, "got dtype float64"),
+        (torch.zeros(2), [True, False], 2, TypeError, "got dtype bool"),
+        (torch.zeros(2), [[0, 1]], 2, ValueError, r"got shape \(1, 2\)"),
+        (torch.zeros(3), [0, 1, 7], 5, ValueError, r"indices\[2\]=7 is outside range\(5\)"),
+        (torch.zeros(2), torch.tensor([-1, 0]), 5, ValueError, r"indices\[0\]=-1 is outside"),
+        (torch.zeros(3), [0, 1], 2, ValueError, "values has 3 rows but indices has 2"),
+        (torch.zeros(1), [0], -3, ValueError, "got -3"),
+        (torch.zeros(1), [0], True, ValueError, "got True"),
+        (torch.zeros(1), [0], 1.0, ValueError, "got 1.0"),
+    ],
+)
+def test_bad_input_is_named_in_the_error(values, indices, size, error, message):
+    with pytest.raises(error, match=message):
+        gather_by_index(values, indices, size)
+
+
+def test_dst_must_be_a_rank_of_the_group():
+    with pytest.raises(ValueError, match=r"range\(1\) of the group, got 1"):
+        gather_by_index(torch.zeros(1), [0], 1, dst=1)
+
+
+# -- real gloo groups --------------------------------------------------------------------------
+
+
+def _attempt(fn, *args, **kwargs):
+    """``fn``'s result, or its error as ``(type name, message)`` so every rank reports."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the test compares errors across ranks
+        return type(exc).__name__, str(exc)
+
+
+def _gather_checks() -> dict:
+    world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
+    out = {}
+    # torch's own padded split, shuffled: 7 samples, 3 ranks (seed 001), and a larger one.
+    for size in (7, 1000):
+        mine = list(tud.DistributedSampler(range(size), world, rank, seed=5))
+        out[f"torch{size}"] = gather_by_index(result_of(mine), torch.tensor(mine), size)
+    # Ranks with different counts, one of them empty: size 2 over 3 ranks, uneven.
+    mine = DistributedSampler(2, world, rank, remainder="uneven").indices()
+    out["uneven"] = gather_by_index(result_of(mine), mine, 2)
+    # Only rank 1 gets the result.
+    mine = DistributedSampler(10, world, rank, seed=3).indices()
+    out["dst"] = gather_by_index(result_of(mine).float(), mine, 10, dst=1)
+    # A subgroup of global ranks 1 and 2; dst is a rank of the group (global rank 2).
+    pair = torch_dist.new_group([1, 2])
+    if rank > 0:
+        mine = DistributedSampler(5, 2, rank - 1, seed=4).indices()
+        out["group"] = gather_by_index(result_of(mine), mine, 5, group=pair, dst=1)
+    # Errors reach every rank: a dropped tail, a bad index on one rank, disagreeing sizes.
+    mine = DistributedSampler(7, world, rank, shuffle=False, remainder="drop").indices()
+    out["drop"] = _attempt(gather_by_index, result_of(mine), mine, 7)
+    out["drop_dst"] = _attempt(gather_by_index, result_of(mine), mine, 7, dst=2)
+    bad = [0, 7] if rank == 2 else [rank]
+    out["bad"] = _attempt(gather_by_index, result_of(np.zeros(len(bad))), bad, 7)
+    out["sizes"] = _attempt(gather_by_index, torch.zeros(1), [0], 8 if rank == 2 else 7)
+    dtype = torch.int32 if rank else torch.int64
+    out["dtypes"] = _attempt(gather_by_index, torch.zeros(1, dtype=dtype), [rank], 3)
+    return out
+
+
+def test_gather_over_three_gloo_ranks():
+    per_rank = spawn_local(_gather_checks, 3, timeout=120)
+    for rank, out in enumerate(per_rank):
+        assert torch.equal(out["torch7"], everyone(7))
+        assert torch.equal(out["torch1000"], everyone(1000))
+        assert torch.equal(out["uneven"], everyone(2))
+        if rank == 1:
+            assert torch.equal(out["dst"], everyone(10).float())
+        else:
+            assert out["dst"] is None
+        if rank == 2:
+            assert torch.equal(out["group"], everyone(5))
+        else:
+            assert out.get("group") is None
+        for key in ("drop", "drop_dst"):
+            assert out[key] == ("ValueError", "1 of 7 indices have no result on any rank "
+                                "(first 1: 6); every index in range(7) needs one, so do not "
+                                "drop samples (drop_last=True or remainder='drop') when "
+                                "evaluating"), key
+        assert out["bad"][0] == "ValueError"
+        assert out["bad"][1].startswith("rank 2: indices[1]=7 is outside range(7)")
+        assert out["sizes"] == ("InconsistentRanksError",
+                                "gather_by_index needs the same size, dst, dtype, row_shape on "
+                                "every rank: rank 2 has size=8 where ranks 0, 1 have size=7")
+        assert out["dtypes"][1].endswith(
+            "rank 0 has dtype='torch.int64' where ranks 1, 2 have dtype='torch.int32'")
+    assert issubclass(InconsistentRanksError, RuntimeError)
