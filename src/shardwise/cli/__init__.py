@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from shardwise.cli import load, plan
@@ -19,8 +18,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, module in COMMANDS.items():
         module.add_parser(sub)
     args = parser.parse_args(argv)
-    return int(COMMANDS[args.command].run(args) or 0)
+    try:
+        return int(COMMANDS[args.command].run(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        parser.exit(2, f"shardwise {args.command}: error: {error}\n")
 
-
-if __name__ == "__main__":
-    sys.exit(main())
