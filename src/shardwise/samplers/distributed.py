@@ -109,13 +109,10 @@ class DistributedSampler(Sampler[int]):
         self.permutation = require_choice("permutation", permutation, PERMUTATIONS)
         if shuffle and permutation == "torch" and self.size >= TORCH_ORDER_WARN_SIZE:
             _warn_torch_scale(self.size)
-        self.epoch = 0
-        self._pinned = True  # the next pass uses self.epoch as it is
-        self._segments = Segments.whole(self.size)
-        self._offset = 0  # positions of this rank's share consumed before this pass (resume)
-        self._yielded = 0
         self._order_key: tuple[int, str] | None = None
         self._order: Order | None = None
+        self._start_epoch(0)
+        self._pinned = True  # the next pass uses self.epoch as it is
 
     # -- the epoch ---------------------------------------------------------------------------
 
@@ -132,9 +129,9 @@ class DistributedSampler(Sampler[int]):
 
     def _start_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        self._segments = Segments.whole(self.size)
-        self._offset = 0
-        self._yielded = 0
+        self._segments = Segments.whole(self.size)  # the positions this epoch splits
+        self._offset = 0  # positions of this rank's share consumed before this pass (resume)
+        self._cursor: tuple[int, Iterator[int]] = (0, iter([]))  # where the pass stands
 
     @property
     def effective_permutation(self) -> str:
@@ -202,17 +199,23 @@ class DistributedSampler(Sampler[int]):
         if not self._pinned:
             self._start_epoch(self.epoch + 1)
         self._pinned = False
-        self._yielded = 0
+        self._cursor = (0, iter([]))
         return self._generate(len(self))
 
     def _generate(self, count: int) -> Iterator[int]:
         start, chunk = 0, _FIRST_CHUNK
         while start < count:
             stop = min(count, start + chunk)
-            for index in self.indices(start, stop).tolist():
-                self._yielded += 1
-                yield index
+            block = iter(self.indices(start, stop).tolist())
+            self._cursor = (stop, block)
+            yield from block  # a list iterator: no per-index Python work besides the yield
             start, chunk = stop, _CHUNK
+
+    @property
+    def _yielded(self) -> int:
+        """Indices the current pass has handed out: the chunk's end less what it still holds."""
+        stop, block = self._cursor
+        return stop - block.__length_hint__()
 
     # -- checks across ranks -------------------------------------------------------------------
 
