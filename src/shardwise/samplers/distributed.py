@@ -3,6 +3,7 @@ survives a change of world size."""
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import warnings
 from collections.abc import Iterator, Mapping, Sized
@@ -200,16 +201,13 @@ class DistributedSampler(Sampler[int]):
             self._start_epoch(self.epoch + 1)
         self._pinned = False
         self._cursor = (0, iter([]))
-        return self._generate(len(self))
+        # C-level chaining of list iterators: per index, no more work than torch's iter(list).
+        return itertools.chain.from_iterable(itertools.starmap(self._open_chunk, _chunks(len(self))))
 
-    def _generate(self, count: int) -> Iterator[int]:
-        start, chunk = 0, _FIRST_CHUNK
-        while start < count:
-            stop = min(count, start + chunk)
-            block = iter(self.indices(start, stop).tolist())
-            self._cursor = (stop, block)
-            yield from block  # a list iterator: no per-index Python work besides the yield
-            start, chunk = stop, _CHUNK
+    def _open_chunk(self, start: int, stop: int) -> Iterator[int]:
+        block = iter(self.indices(start, stop).tolist())
+        self._cursor = (stop, block)
+        return block
 
     @property
     def _yielded(self) -> int:
@@ -285,6 +283,14 @@ class DistributedSampler(Sampler[int]):
     def __repr__(self) -> str:
         options = ", ".join(f"{key}={value!r}" for key, value in self.config().items())
         return f"{type(self).__name__}(rank={self.rank}, {options})"
+
+
+def _chunks(count: int) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` pieces of ``[0, count)``: a small first one, so the first index is quick."""
+    start, size = 0, _FIRST_CHUNK
+    while start < count:
+        yield start, min(count, start + size)
+        start, size = start + size, _CHUNK
 
 
 def _size_of(dataset_or_size: object) -> int:
