@@ -127,24 +127,29 @@ def _attempt(fn, *args, **kwargs):
         return type(exc).__name__, str(exc)
 
 
+def _numpy(tensor: torch.Tensor | None) -> np.ndarray | None:
+    # Ranks return NumPy: a tensor's shared memory may vanish with its process.
+    return None if tensor is None else tensor.numpy()
+
+
 def _gather_checks() -> dict:
     world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
     out = {}
     # torch's own padded split, shuffled: 7 samples, 3 ranks (seed 001), and a larger one.
     for size in (7, 1000):
         mine = list(tud.DistributedSampler(range(size), world, rank, seed=5))
-        out[f"torch{size}"] = gather_by_index(result_of(mine), torch.tensor(mine), size)
+        out[f"torch{size}"] = gather_by_index(result_of(mine), torch.tensor(mine), size).numpy()
     # Ranks with different counts, one of them empty: size 2 over 3 ranks, uneven.
     mine = DistributedSampler(2, world, rank, remainder="uneven").indices()
-    out["uneven"] = gather_by_index(result_of(mine), mine, 2)
+    out["uneven"] = gather_by_index(result_of(mine), mine, 2).numpy()
     # Only rank 1 gets the result.
     mine = DistributedSampler(10, world, rank, seed=3).indices()
-    out["dst"] = gather_by_index(result_of(mine).float(), mine, 10, dst=1)
+    out["dst"] = _numpy(gather_by_index(result_of(mine).float(), mine, 10, dst=1))
     # A subgroup of global ranks 1 and 2; dst is a rank of the group (global rank 2).
     pair = torch_dist.new_group([1, 2])
     if rank > 0:
         mine = DistributedSampler(5, 2, rank - 1, seed=4).indices()
-        out["group"] = gather_by_index(result_of(mine), mine, 5, group=pair, dst=1)
+        out["group"] = _numpy(gather_by_index(result_of(mine), mine, 5, group=pair, dst=1))
     # Errors reach every rank: a dropped tail, a bad index on one rank, disagreeing sizes.
     mine = DistributedSampler(7, world, rank, shuffle=False, remainder="drop").indices()
     out["drop"] = _attempt(gather_by_index, result_of(mine), mine, 7)
@@ -160,15 +165,15 @@ def _gather_checks() -> dict:
 def test_gather_over_three_gloo_ranks():
     per_rank = spawn_local(_gather_checks, 3, timeout=120)
     for rank, out in enumerate(per_rank):
-        assert torch.equal(out["torch7"], everyone(7))
-        assert torch.equal(out["torch1000"], everyone(1000))
-        assert torch.equal(out["uneven"], everyone(2))
+        assert np.array_equal(out["torch7"], everyone(7))
+        assert np.array_equal(out["torch1000"], everyone(1000))
+        assert np.array_equal(out["uneven"], everyone(2))
         if rank == 1:
-            assert torch.equal(out["dst"], everyone(10).float())
+            assert np.array_equal(out["dst"], everyone(10).float())
         else:
             assert out["dst"] is None
         if rank == 2:
-            assert torch.equal(out["group"], everyone(5))
+            assert np.array_equal(out["group"], everyone(5))
         else:
             assert out.get("group") is None
         for key in ("drop", "drop_dst"):
