@@ -1,0 +1,127 @@
+"""The loading pipeline every builder shares: plan, read, parse, then route records to owners."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from shardwise.dist.exchange import DEFAULT_ROUND_BYTES, all_gather_objects, group_world
+from shardwise.dist.world import resolve_world
+from shardwise.files.owners import owners
+from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, concat_records, parse_chunk
+from shardwise.files.plan import Plan, plan
+from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks
+from shardwise.files.records import vector_dtype
+from shardwise.files.route import route
+from shardwise.files.sources import Paths
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes planned) on this rank
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    """What one rank did: bytes and lines read, records parsed and owned, time per stage."""
+
+    rank: int
+    world_size: int
+    bytes_read: int
+    lines: int
+    records_read: int
+    records_owned: int
+    skipped: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    examples: tuple[BadLine, ...] = ()
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+
+def read_records(
+    paths: Paths | Plan,
+    fmt: Format,
+    rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, LoadStats]:
+    """Parse this rank's share of the lines into records, before any exchange.
+
+    With ``on_error="skip"`` malformed lines are counted in the stats (and a warning names the
+    first few); with ``"raise"`` the first one raises ``ParseError`` naming its file and line.
+    """
+    world_size, rank = resolve_world(world_size, rank)
+    started = time.perf_counter()
+    the_plan = plan(paths, world_size)
+    planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
+    parts, bytes_read, lines, skipped, examples = [], 0, 0, 0, []
+    for chunk in iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes):
+        parsed = parse_chunk(chunk, fmt)
+        parts.append(parsed.records)
+        bytes_read += len(chunk.data)
+        lines += parsed.lines
+        skipped += parsed.skipped
+        examples.extend(parsed.examples[: MAX_EXAMPLES - len(examples)])
+        if progress is not None:
+            progress(min(bytes_read, planned), planned)
+    records = concat_records(parts, fmt.pattern, f"the files of rank {rank}")
+    if skipped:
+        warnings.warn(
+            f"rank {rank} skipped {skipped} malformed line(s); the first: "
+            + "; ".join(str(bad) for bad in examples[:3]),
+            stacklevel=2,
+        )
+    stats = LoadStats(rank, world_size, bytes_read, lines, len(records), len(records), skipped,
+                      {"read+parse": time.perf_counter() - started}, tuple(examples))
+    return records, stats
+
+
+def load_records(
+    paths: Paths | Plan,
+    fmt: Format,
+    *,
+    mirror: bool = False,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    round_bytes: int = DEFAULT_ROUND_BYTES,
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, LoadStats]:
+    """Read, parse and route: the records this rank owns, over the current process group.
+
+    ``mirror`` adds the reverse of every edge (self-loops once) before routing, for undirected
+    graphs: each direction then lives with the owner of its own key.
+    """
+    world_size, rank = resolve_world()
+    if group_world()[0] != world_size:
+        raise RuntimeError(
+            f"WORLD_SIZE is {world_size} but no process group of that size is initialised: call "
+            "torch.distributed.init_process_group() first (torchrun sets the environment for it)"
+        )
+    records, stats = read_records(paths, fmt, rank, world_size, block_bytes=block_bytes,
+                                  progress=progress)
+    started = time.perf_counter()
+    if mirror:
+        loops = records["src"] == records["dst"]
+        reverse = records[~loops].copy()
+        reverse["src"], reverse["dst"] = records["dst"][~loops], records["src"][~loops]
+        records = np.concatenate([records, reverse])
+    if fmt.pattern == "fvec":
+        records = _agree_on_features(records)
+    owned = route(records, owners(records, fmt.pattern, world_size), world_size,
+                  round_bytes=round_bytes)
+    seconds = {**stats.seconds, "exchange": time.perf_counter() - started}
+    return owned, replace(stats, records_owned=len(owned), seconds=seconds)
+
+
+def _agree_on_features(records: np.ndarray) -> np.ndarray:
+    """Every rank's vectors must have the same length, or the bytes cannot be read back."""
+    mine = records.dtype["values"].shape[0] if len(records) else None
+    lengths = {k for k in all_gather_objects(mine) if k is not None}
+    if len(lengths) > 1:
+        raise ValueError(f"fvec lines have different numbers of features on different ranks: "
+                         f"{sorted(lengths)}; every line needs the same number")
+    return records if len(records) or not lengths else np.empty(0, vector_dtype(lengths.pop()))

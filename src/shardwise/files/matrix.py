@@ -1,0 +1,63 @@
+"""A rank's block of a sparse matrix, loaded from edge lines (``fsmap``: one grid cell per rank)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import scipy.sparse
+
+from shardwise.files.load import LoadStats, load_records
+from shardwise.files.patterns import Format, LineParser
+from shardwise.files.plan import Plan
+from shardwise.files.sources import Paths
+
+
+@dataclass(frozen=True, eq=False)
+class MatrixBlock:
+    """``matrix[i, j]`` is the summed weight of entries (``row_ids[i]``, ``col_ids[j]``) held here.
+
+    >>> block = MatrixBlock.from_records(np.array([1, 1, 9]), np.array([5, 5, 7]), np.ones(3))
+    >>> block.matrix.toarray().tolist(), block.row_ids.tolist(), block.col_ids.tolist()
+    ([[2.0, 0.0], [0.0, 1.0]], [1, 9], [5, 7])
+    """
+
+    matrix: scipy.sparse.csr_array
+    row_ids: np.ndarray
+    col_ids: np.ndarray
+    stats: LoadStats | None = None
+
+    @classmethod
+    def from_records(
+        cls, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, stats: LoadStats | None = None
+    ) -> MatrixBlock:
+        """The block over the distinct rows and columns present, duplicates summed."""
+        row_ids, rows = np.unique(src, return_inverse=True)
+        col_ids, cols = np.unique(dst, return_inverse=True)
+        matrix = scipy.sparse.csr_array((weight, (rows, cols)), shape=(row_ids.size, col_ids.size))
+        matrix.sum_duplicates()
+        return cls(matrix, row_ids, col_ids, stats)
+
+
+def load_matrix(
+    paths: Paths | Plan,
+    pattern: str = "fsmap",
+    *,
+    delimiter: str = ",",
+    ids: str = "int",
+    parser: LineParser | None = None,
+    on_error: str = "raise",
+    **pipeline,
+) -> MatrixBlock:
+    """This rank's block of the matrix in ``paths`` (``src,dst[,weight]`` lines).
+
+    With ``fsmap`` rank ``r`` holds the rows hashing to ``r // npy`` and the columns hashing to
+    ``r % npy`` of the ``grid(world_size)``; ``fmap`` / ``smap`` give whole rows / columns.
+    ``pipeline`` takes ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
+    """
+    records, stats = load_records(paths, Format(pattern, delimiter, ids, parser, on_error), **pipeline)
+    started = time.perf_counter()
+    block = MatrixBlock.from_records(records["src"], records["dst"], records["weight"])
+    seconds = {**stats.seconds, "build": time.perf_counter() - started}
+    return replace(block, stats=replace(stats, seconds=seconds))

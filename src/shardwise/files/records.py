@@ -1,0 +1,38 @@
+"""The record layouts that travel between parsing, the exchange and the builders.
+
+Records are NumPy structured arrays, so a rank's share is one contiguous buffer that can be
+sent as bytes and viewed back on the other side without any per-record work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
+
+
+def vector_dtype(features: int) -> np.dtype:
+    """The layout of one ``fvec`` record with ``features`` values.
+
+    >>> vector_dtype(3).itemsize
+    32
+    """
+    return np.dtype([("id", "<i8"), ("values", "<f8", (features,))])
+
+
+def edges(src: np.ndarray, dst: np.ndarray, weight: np.ndarray | float = 1.0) -> np.ndarray:
+    """Edge records from columns (``weight`` may be one number for all).
+
+    >>> edges(np.array([1]), np.array([2]))["weight"].tolist()
+    [1.0]
+    """
+    records = np.empty(len(src), dtype=EDGE)
+    records["src"], records["dst"], records["weight"] = src, dst, weight
+    return records
+
+
+def vectors(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Vector records from ids and a 2-D ``(len(ids), features)`` array."""
+    records = np.empty(len(ids), dtype=vector_dtype(values.shape[1]))
+    records["id"], records["values"] = ids, values
+    return records

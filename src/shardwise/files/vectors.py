@@ -1,0 +1,52 @@
+"""A rank's share of ``fvec`` lines (``id,f1,...,fk``): ids and a dense float array."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from shardwise.files.load import LoadStats, load_records
+from shardwise.files.patterns import Format, LineParser
+from shardwise.files.plan import Plan
+from shardwise.files.sources import Paths
+
+
+@dataclass(frozen=True, eq=False)
+class Vectors:
+    """Row ``i`` of ``values`` is the vector of ``ids[i]``; ids ascending. Unpacks as ``ids, values``."""
+
+    ids: np.ndarray
+    values: np.ndarray
+    stats: LoadStats | None = None
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter((self.ids, self.values))
+
+
+def load_vectors(
+    paths: Paths | Plan,
+    *,
+    delimiter: str = ",",
+    ids: str = "int",
+    parser: LineParser | None = None,
+    on_error: str = "raise",
+    **pipeline,
+) -> Vectors:
+    """The vectors whose ids this rank owns (ids hashed over the ranks).
+
+    >>> import tempfile, pathlib
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "v.txt"
+    >>> _ = path.write_text("1002 0.3 0.4\\n1001 0.1 0.2\\n")
+    >>> ids, values = load_vectors(path, delimiter=" ")
+    >>> ids.tolist(), values.tolist()
+    ([1001, 1002], [[0.1, 0.2], [0.3, 0.4]])
+    """
+    records, stats = load_records(paths, Format("fvec", delimiter, ids, parser, on_error), **pipeline)
+    started = time.perf_counter()
+    order = np.argsort(records["id"], kind="stable")
+    vectors = Vectors(records["id"][order], records["values"][order])
+    seconds = {**stats.seconds, "build": time.perf_counter() - started}
+    return replace(vectors, stats=replace(stats, seconds=seconds))
