@@ -1,4 +1,4 @@
-"""check_consistent: a misconfigured rank is named, on every rank, before it reads overlapping data."""
+"""check_consistent: every rank names the misconfigured rank before it reads overlapping data."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ class InconsistentRanksError(RuntimeError):
 
 
 class ConfiguredSampler(Protocol):
-    """What :func:`check_consistent` needs from a sampler (``shardwise.DistributedSampler`` has it)."""
+    """What :func:`check_consistent` needs of a sampler; ``shardwise.DistributedSampler`` has it."""
 
     rank: int
 

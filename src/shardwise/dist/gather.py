@@ -52,14 +52,21 @@ def gather_by_index(
     counts = [fields["count"] for fields in per_rank]
 
     index_dtype = torch.int32 if size <= torch.iinfo(torch.int32).max else torch.int64
-    device = collective_device(group)
-    rows = _pack(values, indices.to(index_dtype), max(counts), device)
-    blocks = _collect(rows, rank, world, group, dst)
+    device, most = collective_device(group), max(counts)
+    row_bytes = math.prod(values.shape[1:]) * values.element_size()
+    # Values travel as raw bytes, so any dtype passes, even one the backend lacks (gloo has no
+    # int16); every rank's buffer is padded to the largest rank's, as the collectives need.
+    value_blocks = _collect(_padded(_bytes_of(values), most * row_bytes, device),
+                            world, rank, group, dst)
+    index_blocks = _collect(_padded(indices.to(index_dtype), most, device),
+                            world, rank, group, dst)
     result, problem = None, None
-    if blocks is not None:
-        rows = torch.cat([block[:count] for block, count in zip(blocks, counts)])
+    if value_blocks is not None:
+        got_values = _received(value_blocks, counts, row_bytes).view(values.dtype)
+        got_indices = _received(index_blocks, counts, 1)
         try:
-            result = assemble(*_unpack(rows, index_dtype, values), size)
+            result = assemble(got_values.reshape(len(got_indices), *values.shape[1:]),
+                              got_indices, size)
         except ValueError as exc:
             problem = exc
     if dst is not None and world > 1:  # only dst could check; it tells the others
@@ -72,7 +79,7 @@ def gather_by_index(
 
 
 def assemble(values: torch.Tensor, indices: torch.Tensor, size: int) -> torch.Tensor:
-    """``values`` reordered so row ``i`` is the first row whose index is ``i``; all of ``range(size)``.
+    """Row ``i`` of the result is the first row of ``values`` whose index is ``i``, for all ``i``.
 
     This is the single-process core of :func:`gather_by_index`, given every rank's rows in
     rank order.
@@ -80,18 +87,30 @@ def assemble(values: torch.Tensor, indices: torch.Tensor, size: int) -> torch.Te
     >>> assemble(torch.tensor([5, 6, 7, 5]), torch.tensor([1, 0, 2, 1]), 3)
     tensor([6, 5, 7])
     """
-    positions = torch.arange(len(indices), device=indices.device)
-    first = torch.full((size,), len(indices), dtype=torch.int64, device=indices.device)
-    first.scatter_reduce_(0, indices.long(), positions, reduce="amin")
-    missing = torch.nonzero(first == len(indices)).flatten()
+    indices = indices.cpu().numpy().astype(np.int64, copy=False)  # NumPy indexes int64 fastest
+    counts = np.bincount(indices, minlength=size)
+    missing = np.flatnonzero(counts == 0)
     if len(missing):
-        shown = ", ".join(str(i) for i in missing[:SHOWN].tolist())
+        shown = ", ".join(map(str, missing[:SHOWN].tolist()))
         raise ValueError(
             f"{len(missing)} of {size} indices have no result on any rank "
             f"(first {min(len(missing), SHOWN)}: {shown}); every index in range({size}) needs "
             "one, so do not drop samples (drop_last=True or remainder='drop') when evaluating"
         )
-    return values[first]
+    row_shape, row_bytes = values.shape[1:], math.prod(values.shape[1:]) * values.element_size()
+    if row_bytes == 0:
+        return values.new_empty((size, *row_shape))
+    # Each row as one NumPy item of raw bytes: any dtype (bfloat16 too) moves in one scatter.
+    rows = values.detach().cpu().contiguous().view(torch.uint8).numpy()
+    rows = rows.reshape(len(indices), row_bytes).view(np.dtype((np.void, row_bytes)))[:, 0]
+    result = np.empty(size, dtype=rows.dtype)
+    result[indices] = rows
+    # A repeated index got one of its rows above, which one unspecified: make it the first.
+    repeats = np.flatnonzero((counts > 1)[indices])
+    repeated, first = np.unique(indices[repeats], return_index=True)
+    result[repeated] = rows[repeats[first]]
+    as_bytes = torch.from_numpy(result.view(np.uint8))
+    return as_bytes.view(values.dtype).reshape(size, *row_shape).to(values.device)
 
 
 def as_indices(indices: torch.Tensor | npt.ArrayLike, size: int) -> torch.Tensor:
@@ -102,20 +121,22 @@ def as_indices(indices: torch.Tensor | npt.ArrayLike, size: int) -> torch.Tensor
     """
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
         raise ValueError(f"size must be a non-negative int (the dataset length), got {size!r}")
-    array = indices.detach().cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
+    if isinstance(indices, torch.Tensor):
+        indices = indices.detach().cpu().numpy()
+    array = np.asarray(indices)
     if array.size == 0:
-        array = array.astype(np.int64).reshape(0)
+        array = array.astype(np.int64).reshape(0)  # [] makes float64
     if array.ndim != 1:
         raise ValueError(f"indices must be 1-D (one dataset index per result), got shape "
                          f"{tuple(array.shape)}; flatten them in the same order as the values")
     if array.dtype.kind not in "iu":
         raise TypeError(f"indices must be integers, got dtype {array.dtype}; pass the sampler's "
                         "indices, not values derived from them")
-    bad = np.flatnonzero((array < 0) | (array >= size))
-    if len(bad):
+    if len(array) and (array.min() < 0 or array.max() >= size):  # no temporaries when fine
+        bad = np.flatnonzero((array < 0) | (array >= size))
         raise ValueError(f"indices[{bad[0]}]={array[bad[0]]} is outside range({size}) "
                          f"({len(bad)} such indices); is size the dataset length on every rank?")
-    return torch.from_numpy(array.astype(np.int64))
+    return torch.from_numpy(array.astype(np.int64, copy=False))
 
 
 def collective_device(group: Any = None) -> torch.device:
@@ -150,43 +171,38 @@ def _check_inputs(values, indices, size, world, dst) -> tuple[torch.Tensor, torc
     return values.detach(), indices, int(size)
 
 
-def _pack(values: torch.Tensor, indices: torch.Tensor, rows: int, device: torch.device):
-    # Index and value bytes travel together as one uint8 row per result: one collective, and
-    # any dtype (bool, int16, complex...) passes even where the backend lacks it.
-    index_bytes = _as_bytes(indices.reshape(-1, 1))
-    value_bytes = _as_bytes(values.reshape(len(values), math.prod(values.shape[1:])))
-    packed = torch.zeros(rows, index_bytes.shape[1] + value_bytes.shape[1], dtype=torch.uint8,
-                         device=device)
-    packed[: len(values), : index_bytes.shape[1]] = index_bytes
-    packed[: len(values), index_bytes.shape[1]:] = value_bytes
-    return packed
+def _bytes_of(values: torch.Tensor) -> torch.Tensor:
+    return values.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _unpack(rows: torch.Tensor, index_dtype: torch.dtype, like: torch.Tensor):
-    width = index_dtype.itemsize
-    indices = _from_bytes(rows[:, :width], index_dtype).reshape(-1)
-    values = _from_bytes(rows[:, width:], like.dtype).reshape(len(rows), *like.shape[1:])
-    return values, indices
+def _padded(flat: torch.Tensor, length: int, device: torch.device) -> torch.Tensor:
+    if len(flat) == length:
+        return flat.to(device)
+    padded = torch.zeros(length, dtype=flat.dtype, device=device)
+    padded[: len(flat)] = flat
+    return padded
 
 
-def _from_bytes(columns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # A fresh copy: a slice of the rows may start at an offset the dtype cannot be viewed from.
-    return columns.clone(memory_format=torch.contiguous_format).view(dtype)
+def _received(blocks: torch.Tensor, counts: list[int], width: int) -> torch.Tensor:
+    """The real part of each rank's padded block (a row of ``blocks``), in rank order."""
+    if min(counts) == max(counts):  # nothing padded: no copy
+        return blocks.reshape(-1)
+    return torch.cat([block[: count * width] for block, count in zip(blocks, counts)])
 
 
-def _as_bytes(matrix: torch.Tensor) -> torch.Tensor:
-    return matrix.contiguous().view(torch.uint8)
-
-
-def _collect(rows, rank, world, group, dst) -> list[torch.Tensor] | None:
-    """Every rank's padded block of rows, on every rank or only on ``dst`` (None elsewhere)."""
+def _collect(sent, world, rank, group, dst) -> torch.Tensor | None:
+    """Every rank's ``sent`` as the rows of one tensor, on every rank or only on ``dst``."""
     if world == 1:
-        return [rows]
-    blocks = [torch.empty_like(rows) for _ in range(world)] if dst in (None, rank) else None
+        return sent.reshape(1, len(sent))
+    if dst not in (None, rank):
+        torch_dist.gather(sent, None, dst=_global_rank(group, dst), group=group)
+        return None
+    # One buffer, received into row views: the rows are already concatenated in rank order.
+    blocks = sent.new_empty((world, len(sent)))
     if dst is None:
-        torch_dist.all_gather(blocks, rows, group=group)
+        torch_dist.all_gather(list(blocks.unbind()), sent, group=group)
     else:
-        torch_dist.gather(rows, blocks, dst=_global_rank(group, dst), group=group)
+        torch_dist.gather(sent, list(blocks.unbind()), dst=_global_rank(group, dst), group=group)
     return blocks
 
 
