@@ -96,9 +96,9 @@ def disagreements(per_rank: Sequence[Mapping[str, Any]]) -> list[str]:
     >>> disagreements([{"seed": 0}, {"seed": 0}, {"seed": 1}])
     ['rank 2 has seed=1 where ranks 0, 1 have seed=0']
     """
-    fields = list(dict.fromkeys(key for fields in per_rank for key in fields))
+    names = dict.fromkeys(name for fields in per_rank for name in fields)  # in first-seen order
     sentences = []
-    for field in fields:
+    for field in names:
         groups = _group_ranks([fields.get(field, _MISSING) for fields in per_rank])
         # The largest group is taken as the intended value (ties: the one with the lowest rank).
         usual_value, usual_ranks = max(groups, key=lambda group: len(group[1]))
