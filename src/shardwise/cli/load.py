@@ -1,11 +1,134 @@
-"""`shardwise load` (being written)."""
+"""``shardwise load``: load files over N ranks (torchrun's, or N local gloo processes) and report.
+
+    shardwise load data/*.csv --pattern fmap --nproc 2
+    torchrun --nproc-per-node 4 -m shardwise.cli load data/ --pattern fsmap --save out/
+"""
+
+from __future__ import annotations
 
 import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.table import Table
+
+from shardwise.dist.exchange import all_gather_objects, group_world, process_group_from_env
+from shardwise.dist.launch import spawn_local
+from shardwise.files import PATTERNS, LoadStats, load_graph, load_matrix, load_vectors
+from shardwise.files.graph import KINDS
+from shardwise.files.read import chunk_lines, iter_chunks
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("load", help="(being written)")
+    parser = sub.add_parser(
+        "load", help="load text files in parallel into per-rank graphs, matrices or vectors",
+        description="Split the files' bytes over the ranks, parse by pattern, send each record to "
+                    "its owner, and print what every rank did.",
+    )
+    parser.add_argument("paths", nargs="+", help="files, directories, globs or fsspec URLs")
+    parser.add_argument("--pattern", default="fmap", choices=("linesplit", *PATTERNS))
+    parser.add_argument("--kind", default="digraph", choices=(*KINDS, "matrix"),
+                        help="what to build from edge patterns (default: digraph)")
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="spawn this many local gloo ranks (default: torchrun's, or 1)")
+    parser.add_argument("--delimiter", default=",")
+    parser.add_argument("--ids", default="int", choices=("int", "str"))
+    parser.add_argument("--on-error", default="raise", choices=("raise", "skip"))
+    parser.add_argument("--save", type=Path, default=None, help="write each rank's partition here as .npz")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError("shardwise load is being written")
+    options = {key: getattr(args, key) for key in
+               ("paths", "pattern", "kind", "delimiter", "ids", "on_error", "save")}
+    if args.nproc is not None and "WORLD_SIZE" in os.environ:
+        print("shardwise load: --nproc cannot be used under torchrun", file=sys.stderr)
+        return 2
+    if args.nproc is not None:
+        if args.nproc < 1:
+            print(f"shardwise load: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
+            return 2
+        _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
+        return 0
+    with process_group_from_env():
+        report = load_rank(options)
+        if group_world()[1] == 0:
+            _print_report(report)
+    return 0
+
+
+def load_rank(options: dict) -> list[LoadStats]:
+    """Load this rank's partition (saving it if asked); return every rank's stats."""
+    world_size, rank = group_world()
+    console = Console(stderr=True)
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), console=console, transient=True,
+                  disable=rank != 0 or not console.is_terminal) as bar:
+        task = bar.add_task(f"rank 0 of {world_size} reading", total=None)
+        progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
+        stats, arrays = _load(options, progress)
+    if options["save"] is not None:
+        options["save"].mkdir(parents=True, exist_ok=True)
+        np.savez(options["save"] / f"rank-{rank:05d}-of-{world_size:05d}.npz", **arrays)
+    return all_gather_objects(stats)
+
+
+def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
+    parse = {"delimiter": options["delimiter"], "ids": options["ids"], "on_error": options["on_error"]}
+    pattern, kind = options["pattern"], options["kind"]
+    if pattern == "linesplit":
+        return _load_lines(options["paths"])
+    if pattern == "fvec":
+        vectors = load_vectors(options["paths"], progress=progress, **parse)
+        return vectors.stats, {"ids": vectors.ids, "values": vectors.values}
+    if kind == "matrix":
+        block = load_matrix(options["paths"], pattern, progress=progress, **parse)
+        m = block.matrix
+        return block.stats, {"data": m.data, "indices": m.indices, "indptr": m.indptr,
+                             "shape": np.array(m.shape), "row_ids": block.row_ids, "col_ids": block.col_ids}
+    graph = load_graph(options["paths"], pattern, kind, progress=progress, **parse)
+    return graph.stats, {"row_ids": graph.row_ids, "indptr": graph.indptr, "dst": graph.dst,
+                         "weight": graph.weight}
+
+
+def _load_lines(paths: list[str]) -> tuple[LoadStats, dict[str, np.ndarray]]:
+    world_size, rank = group_world()
+    started = time.perf_counter()
+    lines, bytes_read = [], 0
+    for chunk in iter_chunks(paths, rank, world_size):
+        lines.extend(chunk_lines(chunk))
+        bytes_read += len(chunk.data)
+    seconds = {"read+parse": time.perf_counter() - started}
+    stats = LoadStats(rank, world_size, bytes_read, len(lines), len(lines), len(lines), 0, seconds)
+    return stats, {"lines": np.array(lines, dtype=str)}
+
+
+def _print_report(stats: list[LoadStats]) -> None:
+    table = Table(title=f"shardwise load: {len(stats)} rank(s)")
+    stages = list(dict.fromkeys(stage for s in stats for stage in s.seconds))
+    for column in ("rank", "bytes read", "lines", "parsed", "owned", "skipped",
+                   *(f"{stage} s" for stage in stages), "total s", "MB/s"):
+        table.add_column(column, justify="right")
+    for s in stats:
+        table.add_row(str(s.rank), f"{s.bytes_read:,}", f"{s.lines:,}", f"{s.records_read:,}",
+                      f"{s.records_owned:,}", f"{s.skipped:,}",
+                      *(f"{s.seconds.get(stage, 0.0):.2f}" for stage in stages),
+                      f"{s.total_seconds:.2f}", f"{s.bytes_read / 1e6 / max(s.total_seconds, 1e-9):.1f}")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # a log file: never squeeze the columns
+    console.print(table)
+    console.print(f"balance (max/mean): bytes {_balance([s.bytes_read for s in stats]):.3f}, "
+                  f"records owned {_balance([s.records_owned for s in stats]):.3f}")
+    for s in stats:
+        for bad in s.examples[:3]:
+            console.print(f"rank {s.rank} skipped {bad}", markup=False, highlight=False)
+
+
+def _balance(values: list[int]) -> float:
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean else 1.0

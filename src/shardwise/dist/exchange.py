@@ -10,7 +10,9 @@ exchange hands its own buffer back without copying it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -109,3 +111,19 @@ def _all_gather_sizes(sizes: list[int], world_size: int, device: torch.device) -
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
     torch_dist.all_gather(gathered, mine)
     return torch.stack(gathered).cpu().numpy()
+
+
+@contextmanager
+def process_group_from_env(backend: str = "gloo") -> Iterator[None]:
+    """Join the process group ``torchrun`` describes (``WORLD_SIZE``, ``RANK``, ...) if none is set up.
+
+    Leaves an existing group alone; with ``WORLD_SIZE`` unset or 1 there is nothing to join.
+    """
+    joining = (not torch_dist.is_initialized()) and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if joining:
+        torch_dist.init_process_group(backend)
+    try:
+        yield
+    finally:
+        if joining:
+            torch_dist.destroy_process_group()
