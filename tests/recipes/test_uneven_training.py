@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 import torch.utils.data as tud
 from torch.distributed.algorithms import Join
 from torch.nn.parallel import DistributedDataParallel
