@@ -144,6 +144,16 @@ def _gather_checks() -> dict:
     # Only rank 1 gets the result.
     mine = DistributedSampler(10, world, rank, seed=3).indices()
     out["dst"] = _numpy(gather_by_index(result_of(mine).float(), mine, 10, dst=1))
+    # Random splits of random sizes, some with rows of several values.
+    rng = np.random.default_rng(17)
+    out["random"] = []
+    for _ in range(20):
+        size, seed = int(rng.integers(0, 200)), int(rng.integers(0, 10**6))
+        remainder, layout = rng.choice(["pad", "uneven"]), rng.choice(["strided", "block"])
+        mine = DistributedSampler(size, world, rank, seed=seed, remainder=remainder,
+                                  layout=layout).indices()
+        got = gather_by_index(result_of(mine), mine, size)
+        out["random"].append(bool(torch.equal(got, everyone(size))))
     # A subgroup of global ranks 1 and 2; dst is a rank of the group (global rank 2).
     pair = torch_dist.new_group([1, 2])
     if rank > 0:
@@ -167,6 +177,7 @@ def test_gather_over_three_gloo_ranks():
         assert np.array_equal(out["torch7"], everyone(7))
         assert np.array_equal(out["torch1000"], everyone(1000))
         assert np.array_equal(out["uneven"], everyone(2))
+        assert all(out["random"])
         if rank == 1:
             assert np.array_equal(out["dst"], everyone(10).float())
         else:
