@@ -99,7 +99,6 @@ def main() -> None:
     with console.status(f"generating {args.size_mb} MB of edges"):
         paths = generate(args.data, args.size_mb)
     total_mb = sum(p.stat().st_size for p in paths) / 1e6
-    rows = []
     with console.status("peers"):
         peers = {
             "pandas.read_csv (C engine)": total_mb / peer_pandas(paths),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardwise.dist.exchange import all_gather_objects, all_to_all_bytes, group_world
+from shardwise.dist.exchange import all_to_all_bytes
+from shardwise.dist.world import gather_objects, group_world
 from shardwise.dist.launch import spawn_local
 
 
@@ -24,7 +25,7 @@ def _exchange_checks(seed: int) -> dict:
         sends = [_payload(rank, dst, seed) for dst in range(world_size)]
         received = all_to_all_bytes(sends, round_bytes=per_pair * world_size)
         results[per_pair] = [bytes(r) for r in received]
-    results["gathered"] = all_gather_objects({"rank": rank})
+    results["gathered"] = gather_objects({"rank": rank})
     return results
 
 
@@ -44,7 +45,7 @@ def test_without_a_process_group_the_single_rank_gets_its_own_bytes_back() -> No
     payload = np.arange(10, dtype=np.int64)
     (back,) = all_to_all_bytes([payload])
     assert back.view(np.int64).tolist() == list(range(10))
-    assert all_gather_objects("x") == ["x"]
+    assert gather_objects("x") == ["x"]
 
 
 def test_wrong_number_of_payloads_is_a_clear_error() -> None:

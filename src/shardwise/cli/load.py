@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from shardwise.dist.exchange import all_gather_objects, group_world, process_group_from_env
-from shardwise.dist.launch import spawn_local
+from shardwise.dist.launch import process_group_from_env, spawn_local
+from shardwise.dist.world import gather_objects, group_world
 from shardwise.files import PATTERNS, LoadStats, load_graph, load_matrix, load_vectors
 from shardwise.files.graph import KINDS
 from shardwise.files.read import chunk_lines, iter_chunks
@@ -74,7 +74,7 @@ def load_rank(options: dict) -> list[LoadStats]:
     if options["save"] is not None:
         options["save"].mkdir(parents=True, exist_ok=True)
         np.savez(options["save"] / f"rank-{rank:05d}-of-{world_size:05d}.npz", **arrays)
-    return all_gather_objects(stats)
+    return gather_objects(stats)
 
 
 def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import torch.distributed as torch_dist
 
+from shardwise.dist.world import gather_objects, group_world
+
 
 class InconsistentRanksError(RuntimeError):
     """Ranks that must agree do not; the message names which ranks differ in which field."""
@@ -26,34 +28,6 @@ class ConfiguredSampler(Protocol):
     def config(self) -> dict[str, Any]: ...
 
     def fingerprint(self) -> int: ...
-
-
-def group_world(group: Any = None) -> tuple[int, int]:
-    """``(world_size, rank)`` of this process in ``group``; ``(1, 0)`` when not distributed.
-
-    >>> group_world()
-    (1, 0)
-    """
-    if torch_dist.is_available() and torch_dist.is_initialized():
-        return torch_dist.get_world_size(group), torch_dist.get_rank(group)
-    if group is not None:
-        raise ValueError(f"got group={group!r} but torch.distributed is not initialized; "
-                         "call torch.distributed.init_process_group first")
-    return 1, 0
-
-
-def gather_objects(obj: Any, group: Any = None) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in rank order, on every rank.
-
-    >>> gather_objects({"seed": 0})
-    [{'seed': 0}]
-    """
-    world, _ = group_world(group)
-    if world == 1:
-        return [obj]
-    objects: list[Any] = [None] * world
-    torch_dist.all_gather_object(objects, obj, group=group)
-    return objects
 
 
 def agree(

@@ -10,29 +10,17 @@ exchange hands its own buffer back without copying it.
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from shardwise.dist.world import collective_device, group_world
+
 DEFAULT_ROUND_BYTES = 256 * 2**20
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
-
-
-def group_world() -> tuple[int, int]:
-    """``(world_size, rank)`` of the default process group, or ``(1, 0)`` when there is none.
-
-    >>> group_world()
-    (1, 0)
-    """
-    if torch_dist.is_available() and torch_dist.is_initialized():
-        return torch_dist.get_world_size(), torch_dist.get_rank()
-    return 1, 0
 
 
 def all_to_all_bytes(
@@ -58,7 +46,7 @@ def all_to_all_bytes(
     sends = [_as_bytes(p) for p in payloads]
     if world_size == 1:
         return sends
-    device = _device()
+    device = collective_device()
     sizes = _all_gather_sizes([s.size for s in sends], world_size, device)  # sizes[src, dst]
     recv_sizes = sizes[:, rank]
     per_pair = round_bytes // world_size
@@ -79,31 +67,10 @@ def all_to_all_bytes(
     return outputs
 
 
-def all_gather_objects(obj: Any) -> list[Any]:
-    """Every rank's (picklable) ``obj``, in rank order; ``[obj]`` with no process group.
-
-    >>> all_gather_objects({"lines": 3})
-    [{'lines': 3}]
-    """
-    world_size, _ = group_world()
-    if world_size == 1:
-        return [obj]
-    gathered: list[Any] = [None] * world_size
-    torch_dist.all_gather_object(gathered, obj)
-    return gathered
-
-
 def _as_bytes(payload: Buffer) -> np.ndarray:
     if isinstance(payload, np.ndarray):
         return np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
     return np.frombuffer(payload, dtype=np.uint8)
-
-
-def _device() -> torch.device:
-    # NCCL moves only CUDA tensors; every other backend here (gloo) moves CPU tensors.
-    if torch_dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _all_gather_sizes(sizes: list[int], world_size: int, device: torch.device) -> np.ndarray:
@@ -111,19 +78,3 @@ def _all_gather_sizes(sizes: list[int], world_size: int, device: torch.device) -
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
     torch_dist.all_gather(gathered, mine)
     return torch.stack(gathered).cpu().numpy()
-
-
-@contextmanager
-def process_group_from_env(backend: str = "gloo") -> Iterator[None]:
-    """Join the process group ``torchrun`` describes (``WORLD_SIZE``, ``RANK``, ...) if none is set up.
-
-    Leaves an existing group alone; with ``WORLD_SIZE`` unset or 1 there is nothing to join.
-    """
-    joining = (not torch_dist.is_initialized()) and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if joining:
-        torch_dist.init_process_group(backend)
-    try:
-        yield
-    finally:
-        if joining:
-            torch_dist.destroy_process_group()

@@ -16,7 +16,8 @@ import numpy.typing as npt
 import torch
 import torch.distributed as torch_dist
 
-from shardwise.dist.consistency import agree, group_world
+from shardwise.dist.consistency import agree
+from shardwise.dist.world import collective_device, group_world
 
 #: How many offending indices an error message lists.
 SHOWN = 10
@@ -137,17 +138,6 @@ def as_indices(indices: torch.Tensor | npt.ArrayLike, size: int) -> torch.Tensor
         raise ValueError(f"indices[{bad[0]}]={array[bad[0]]} is outside range({size}) "
                          f"({len(bad)} such indices); is size the dataset length on every rank?")
     return torch.from_numpy(array.astype(np.int64, copy=False))
-
-
-def collective_device(group: Any = None) -> torch.device:
-    """Where tensors for a collective on ``group`` must live: NCCL needs the current GPU.
-
-    >>> collective_device()
-    device(type='cpu')
-    """
-    if group_world(group)[0] > 1 and torch_dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _check_inputs(values, indices, size, world, dst) -> tuple[torch.Tensor, torch.Tensor, int]:

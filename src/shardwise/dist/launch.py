@@ -7,10 +7,12 @@ and by the tests, so every distributed code path runs over a real process group.
 from __future__ import annotations
 
 import os
+import pickle
 import queue as queue_module
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch.distributed as torch_dist
@@ -64,7 +66,7 @@ def spawn_local(
                     + (f" ({', '.join(dead)})" if dead else " (a collective may hang)")
                 ) from None
             if ok:
-                outputs[rank] = value
+                outputs[rank] = pickle.loads(value)
             else:
                 failures.append(f"rank {rank} raised:\n{value}")
                 break  # the other ranks may now block in a collective; stop them
@@ -86,10 +88,27 @@ def _rank_main(fn, rank, world_size, port, results, args) -> None:
     )
     try:
         torch_dist.init_process_group("gloo", rank=rank, world_size=world_size)
-        value = fn(*args)
-        results.put((rank, True, value))
+        # Plain pickle: a tensor travels by value, not through shared memory that would
+        # vanish with this process before the parent reads it.
+        results.put((rank, True, pickle.dumps(fn(*args))))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         results.put((rank, False, traceback.format_exc()))
     finally:
         if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+@contextmanager
+def process_group_from_env(backend: str = "gloo") -> Iterator[None]:
+    """Join the process group ``torchrun`` describes (``WORLD_SIZE``, ``RANK``, ...) if none is set up.
+
+    Leaves an existing group alone; with ``WORLD_SIZE`` unset or 1 there is nothing to join.
+    """
+    joining = (not torch_dist.is_initialized()) and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if joining:
+        torch_dist.init_process_group(backend)
+    try:
+        yield
+    finally:
+        if joining:
             torch_dist.destroy_process_group()

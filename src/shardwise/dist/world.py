@@ -1,9 +1,12 @@
-"""Where this process stands in the job: its rank and the number of ranks."""
+"""Where this process stands in the job (its rank, the number of ranks, the device collectives
+need) and the one small collective every module uses to compare notes."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import torch
 import torch.distributed as torch_dist
 
 from shardwise.checks import require_int
@@ -41,3 +44,42 @@ def _discover(env_name: str, from_group, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"environment variable {env_name}={value!r} is not an integer") from None
+
+
+def group_world(group: Any = None) -> tuple[int, int]:
+    """``(world_size, rank)`` of this process in ``group``; ``(1, 0)`` when not distributed.
+
+    >>> group_world()
+    (1, 0)
+    """
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_world_size(group), torch_dist.get_rank(group)
+    if group is not None:
+        raise ValueError(f"got group={group!r} but torch.distributed is not initialized; "
+                         "call torch.distributed.init_process_group first")
+    return 1, 0
+
+
+def gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank.
+
+    >>> gather_objects({"seed": 0})
+    [{'seed': 0}]
+    """
+    world, _ = group_world(group)
+    if world == 1:
+        return [obj]
+    objects: list[Any] = [None] * world
+    torch_dist.all_gather_object(objects, obj, group=group)
+    return objects
+
+
+def collective_device(group: Any = None) -> torch.device:
+    """Where tensors for a collective on ``group`` must live: NCCL needs the current GPU.
+
+    >>> collective_device()
+    device(type='cpu')
+    """
+    if group_world(group)[0] > 1 and torch_dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shardwise.dist.exchange import DEFAULT_ROUND_BYTES, all_gather_objects, group_world
-from shardwise.dist.world import resolve_world
+from shardwise.dist.exchange import DEFAULT_ROUND_BYTES
+from shardwise.dist.world import gather_objects, group_world, resolve_world
 from shardwise.files.owners import owners
 from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, concat_records, parse_chunk
 from shardwise.files.plan import Plan, plan
@@ -120,7 +120,7 @@ def load_records(
 def _agree_on_features(records: np.ndarray) -> np.ndarray:
     """Every rank's vectors must have the same length, or the bytes cannot be read back."""
     mine = records.dtype["values"].shape[0] if len(records) else None
-    lengths = {k for k in all_gather_objects(mine) if k is not None}
+    lengths = {k for k in gather_objects(mine) if k is not None}
     if len(lengths) > 1:
         raise ValueError(f"fvec lines have different numbers of features on different ranks: "
                          f"{sorted(lengths)}; every line needs the same number")
