@@ -1,4 +1,4 @@
-"""Run a function on N local processes joined in a gloo process group on 127.0.0.1.
+"""Run a function on N local processes joined in one process group (gloo by default) on 127.0.0.1.
 
 Used by ``shardwise load --nproc``, by the examples when they are not under ``torchrun``,
 and by the tests, so every distributed code path runs over a real process group.
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 import torch.distributed as torch_dist
 import torch.multiprocessing as mp
 
@@ -31,9 +32,11 @@ def free_port() -> int:
 
 
 def spawn_local(
-    fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float = 300.0
+    fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float = 300.0, backend: str = "gloo"
 ) -> list[Any]:
-    """Call ``fn(*args)`` on ``nprocs`` processes sharing a gloo group; return each rank's result.
+    """Call ``fn(*args)`` on ``nprocs`` processes sharing a process group; return each rank's result.
+
+    ``backend="nccl"`` gives rank ``r`` the GPU ``r`` as its current device.
 
     ``fn`` must be importable (a module-level function) and its result picklable. Inside ``fn``
     ``torch.distributed`` is initialised, and ``RANK`` / ``WORLD_SIZE`` are set as torchrun sets them.
@@ -47,7 +50,9 @@ def spawn_local(
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_rank_main, args=(fn, rank, nprocs, port, results, args), daemon=True)
+        ctx.Process(
+            target=_rank_main, args=(fn, rank, nprocs, port, backend, results, args), daemon=True
+        )
         for rank in range(nprocs)
     ]
     for proc in procs:
@@ -81,13 +86,15 @@ def spawn_local(
     return [outputs[rank] for rank in range(nprocs)]
 
 
-def _rank_main(fn, rank, world_size, port, results, args) -> None:
+def _rank_main(fn, rank, world_size, port, backend, results, args) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
     )
     try:
-        torch_dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        torch_dist.init_process_group(backend, rank=rank, world_size=world_size)
         # Plain pickle: a tensor travels by value, not through shared memory that would
         # vanish with this process before the parent reads it.
         results.put((rank, True, pickle.dumps(fn(*args))))
