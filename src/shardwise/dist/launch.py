@@ -1,4 +1,4 @@
-"""Run a function on N local processes joined in one process group (gloo by default) on 127.0.0.1.
+"""Run a function on N local processes in one process group (gloo by default) on 127.0.0.1.
 
 Used by ``shardwise load --nproc``, by the examples when they are not under ``torchrun``,
 and by the tests, so every distributed code path runs over a real process group.
