@@ -15,7 +15,7 @@ from shardwise.files.owners import owners
 from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, concat_records, parse_chunk
 from shardwise.files.plan import Plan, plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks
-from shardwise.files.records import vector_dtype
+from shardwise.files.records import edges, join, vector_dtype
 from shardwise.files.route import route
 from shardwise.files.sources import Paths
 
@@ -105,10 +105,8 @@ def load_records(
                                   progress=progress)
     started = time.perf_counter()
     if mirror:
-        loops = records["src"] == records["dst"]
-        reverse = records[~loops].copy()
-        reverse["src"], reverse["dst"] = records["dst"][~loops], records["src"][~loops]
-        records = np.concatenate([records, reverse])
+        kept = records[records["src"] != records["dst"]]
+        records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])
     if fmt.pattern == "fvec":
         records = _agree_on_features(records)
     owned = route(records, owners(records, fmt.pattern, world_size), world_size,

@@ -29,7 +29,7 @@ import pyarrow.csv as pacsv
 
 from shardwise.files.ids import check_distinct, hash_binary, string_ids
 from shardwise.files.read import Chunk, chunk_lines
-from shardwise.files.records import edges, vector_dtype
+from shardwise.files.records import edges, join, vector_dtype
 
 PATTERNS = ("fmap", "smap", "fsmap", "fset", "fvec")
 Pattern = Literal["fmap", "smap", "fsmap", "fset", "fvec"]
@@ -37,7 +37,8 @@ LineParser = Callable[[str], Sequence[object]]
 
 MAX_EXAMPLES = 10  # bad lines kept (with their location) for the report; all are counted
 _SLOW_PATH_BYTES = 64 * 2**10  # below this, a failing chunk is parsed line by line
-_CSV_BLOCK_BYTES = 16 * 2**20
+# One pyarrow block per default chunk (read.py): each column comes back as one array, no concatenation.
+_CSV_BLOCK_BYTES = 32 * 2**20
 _INT64_RANGE = range(-(2**63), 2**63)
 
 
@@ -111,8 +112,7 @@ class Parsed:
 def parse_chunk(chunk: Chunk, fmt: Format) -> Parsed:
     """Parse one chunk of whole lines into records (``EDGE`` or ``vector_dtype(k)``)."""
     records, bad = _parse(chunk, fmt)
-    lines = chunk.data.count(b"\n") + (not chunk.data.endswith(b"\n"))
-    return Parsed(records, lines, len(bad), tuple(bad[:MAX_EXAMPLES]))
+    return Parsed(records, chunk.line_count(), len(bad), tuple(bad[:MAX_EXAMPLES]))
 
 
 def concat_records(parts: Sequence[np.ndarray], pattern: str, where: str) -> np.ndarray:
@@ -124,7 +124,7 @@ def concat_records(parts: Sequence[np.ndarray], pattern: str, where: str) -> np.
     if len(dtypes) > 1:
         counts = sorted(d["values"].shape[0] for d in dtypes)
         raise ValueError(f"fvec lines in {where} have different numbers of features: {counts}")
-    return np.concatenate(nonempty) if len(nonempty) > 1 else nonempty[0]
+    return join(nonempty)
 
 
 def _parse(chunk: Chunk, fmt: Format) -> tuple[np.ndarray, list[BadLine]]:

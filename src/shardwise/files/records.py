@@ -6,6 +6,8 @@ sent as bytes and viewed back on the other side without any per-record work.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
@@ -29,6 +31,20 @@ def edges(src: np.ndarray, dst: np.ndarray, weight: np.ndarray | float = 1.0) ->
     records = np.empty(len(src), dtype=EDGE)
     records["src"], records["dst"], records["weight"] = src, dst, weight
     return records
+
+
+def join(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate record arrays of one dtype (at least one array).
+
+    Copied as raw bytes: NumPy copies structured arrays field by field, many times slower.
+
+    >>> join([edges(np.array([1]), np.array([2])), edges(np.array([3]), np.array([4]))])["src"].tolist()
+    [1, 3]
+    """
+    if len(parts) == 1:
+        return parts[0]
+    joined = np.concatenate([np.ascontiguousarray(p).view(np.uint8) for p in parts])
+    return joined.view(parts[0].dtype)
 
 
 def vectors(ids: np.ndarray, values: np.ndarray) -> np.ndarray:

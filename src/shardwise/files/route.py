@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardwise.dist.exchange import DEFAULT_ROUND_BYTES, all_to_all_bytes
+from shardwise.dist.exchange import DEFAULT_ROUND_BYTES, all_to_all_joined
 
 
 def route(
@@ -21,9 +21,11 @@ def route(
         return records
     # A stable sort on 16-bit keys is a radix sort: linear in the number of records.
     order = np.argsort(owner.astype(np.uint16 if world_size <= 2**16 else np.int64), kind="stable")
-    grouped = records[order]
+    # Gathering whole rows of bytes is many times faster than NumPy's per-field structured copy.
+    rows = np.ascontiguousarray(records).view(np.uint8).reshape(len(records), records.dtype.itemsize)
+    grouped = np.take(rows, order, axis=0)
     bounds = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=world_size))])
-    received = all_to_all_bytes(
+    received, _ = all_to_all_joined(
         [grouped[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])], round_bytes=round_bytes
     )
-    return np.concatenate([buffer.view(records.dtype) for buffer in received])
+    return received.view(records.dtype)
