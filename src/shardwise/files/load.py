@@ -109,8 +109,10 @@ def load_records(
         records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])
     if fmt.pattern == "fvec":
         records = _agree_on_features(records)
-    owned = route(records, owners(records, fmt.pattern, world_size), world_size,
-                  round_bytes=round_bytes)
+    owned = records
+    if world_size > 1:  # one rank owns everything: no owners to compute
+        owned = route(records, owners(records, fmt.pattern, world_size), world_size,
+                      round_bytes=round_bytes)
     seconds = {**stats.seconds, "exchange": time.perf_counter() - started}
     return owned, replace(stats, records_owned=len(owned), seconds=seconds)
 
