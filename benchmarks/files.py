@@ -5,9 +5,11 @@
 
 The data (``src,dst,weight`` lines; ids up to 2**40) goes to bench-data/ (gitignored) and is
 reused when already there. Every figure is MB of input text per second. Peers run in this
-process over the same files: pandas.read_csv (C engine), pyarrow.csv single-threaded
+process over the same files, each called as a user would for a header-less edge list (column
+names given, types inferred): pandas.read_csv (C engine), pyarrow.csv single-threaded
 (``use_threads=False``, as each shardwise rank runs), and a plain per-line Python split (timed
-on the first file only, which is enough to measure its rate).
+on the first file only, which is enough to measure its rate). shardwise knows its pattern's
+column types and passes them to pyarrow, with quoting off.
 """
 
 from __future__ import annotations
