@@ -1,12 +1,13 @@
-"""Move bytes between ranks: every rank hands one buffer per destination and gets one per source.
+"""Move bytes between ranks: every rank sends one buffer per destination and gets one per source.
 
-This is the only place the file loader talks to ``torch.distributed``. After the sizes are
-all-gathered, every (source, destination) pair moves its bytes point to point
-(``batch_isend_irecv``: gloo on CPU tensors, NCCL on CUDA tensors) in messages of at most
-``round_bytes // world_size`` bytes, so a huge exchange never becomes one message beyond what gloo
-(or a 32-bit size field somewhere) can carry. On CPU the messages are views of the caller's
-buffers and of the one receive buffer, so no byte is copied on the way. With no process group
-there is one rank, and the exchange hands its own buffer back without copying it.
+This is the only place the file loader talks to ``torch.distributed``. The send sizes are
+all-gathered first (so every rank knows what it will receive and how many rounds there are),
+then the bytes move with ``all_to_all_single`` (gloo on CPU tensors, NCCL on CUDA tensors; both
+take uneven split sizes), in rounds that move at most ``round_bytes // world_size`` bytes per
+(source, destination) pair, so a huge exchange never becomes one message beyond what gloo (or a
+32-bit size field somewhere) can carry. When one round suffices, on CPU, the collective reads
+the caller's buffer and writes the result buffer in place: no byte is copied on the way. With no
+process group there is one rank, and its buffer comes back as it is.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.distributed as torch_dist
 
 from shardwise.dist.world import collective_device, group_world
 
-DEFAULT_ROUND_BYTES = 256 * 2**20
+DEFAULT_ROUND_BYTES = 2**30
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 
@@ -30,63 +31,80 @@ def all_to_all_bytes(
     """Send ``payloads[r]`` to rank ``r``; return, for each source rank, the bytes it sent here.
 
     Every rank must call this with one payload per rank. Sizes may differ freely (zero too).
-    The returned arrays are consecutive views of one buffer (see ``all_to_all_joined``).
 
     >>> [bytes(b) for b in all_to_all_bytes([b"abc"])]
     [b'abc']
     """
-    received, sizes = all_to_all_joined(payloads, round_bytes=round_bytes)
-    return np.split(received, np.cumsum(sizes)[:-1])
-
-
-def all_to_all_joined(
-    payloads: Sequence[Buffer], *, round_bytes: int = DEFAULT_ROUND_BYTES
-) -> tuple[np.ndarray, np.ndarray]:
-    """Like ``all_to_all_bytes``, but everything received arrives in one buffer, in source order.
-
-    Returns the buffer and the number of bytes from each source. First the send sizes are
-    all-gathered, then each pair's bytes move in messages of at most ``round_bytes // world_size``.
-
-    >>> received, sizes = all_to_all_joined([b"abc"])
-    >>> bytes(received), sizes.tolist()
-    (b'abc', [3])
-    """
-    world_size, rank = group_world()
+    world_size, _ = group_world()
     if len(payloads) != world_size:
         raise ValueError(
             f"all_to_all_bytes needs one payload per rank: got {len(payloads)} for a world of "
             f"{world_size} (is torch.distributed initialised with the right world size?)"
         )
+    sends = [_as_bytes(p) for p in payloads]
+    received, sizes = all_to_all_joined(
+        np.concatenate(sends), [s.size for s in sends], round_bytes=round_bytes
+    )
+    return np.split(received, np.cumsum(sizes)[:-1])
+
+
+def all_to_all_joined(
+    send: np.ndarray, send_sizes: Sequence[int], *, round_bytes: int = DEFAULT_ROUND_BYTES
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exchange one buffer grouped by destination; receive one buffer grouped by source.
+
+    ``send`` holds ``send_sizes[r]`` bytes for rank ``r``, one destination after another. Returns
+    the received bytes, source after source, and how many came from each source.
+
+    >>> received, sizes = all_to_all_joined(np.frombuffer(b"abc", np.uint8), [3])
+    >>> bytes(received), sizes.tolist()
+    (b'abc', [3])
+    """
+    world_size, rank = group_world()
+    send = _as_bytes(send)
+    send_sizes = np.asarray(send_sizes, dtype=np.int64)
+    if send_sizes.shape != (world_size,) or send_sizes.min(initial=0) < 0:
+        raise ValueError(f"send_sizes must hold one size per rank ({world_size}), got {send_sizes}")
+    if send_sizes.sum() != send.size:
+        raise ValueError(f"send_sizes add up to {send_sizes.sum()} but the buffer has {send.size} bytes")
     if round_bytes < world_size:
         raise ValueError(f"round_bytes must be at least the world size ({world_size}), got {round_bytes}")
-    sends = [_as_bytes(p) for p in payloads]
     if world_size == 1:
-        return sends[0], np.array([sends[0].size])
+        return send, send_sizes
     device = collective_device()
-    recv_sizes = _all_gather_sizes([s.size for s in sends], world_size, device)[:, rank]
+    sizes = _all_gather_sizes(send_sizes, world_size, device)  # sizes[src, dst]
+    recv_sizes = sizes[:, rank]
     received = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
-    inbox = np.split(received, np.cumsum(recv_sizes)[:-1])
-    inbox[rank][:] = sends[rank]  # our own share never touches the network
-    # On CUDA the whole exchange is staged on the device; on CPU the tensors share numpy's memory.
-    # torch wants writable memory; read-only payloads (bytes) are copied once.
-    outgoing = [torch.from_numpy(s if s.flags.writeable else s.copy()).to(device) for s in sends]
-    incoming = [torch.from_numpy(b) if device.type == "cpu" else
-                torch.empty(b.size, dtype=torch.uint8, device=device) for b in inbox]
-    step = round_bytes // world_size
-    ops = []
-    for peer in range(world_size):
-        if peer != rank:
-            ops += [torch_dist.P2POp(torch_dist.isend, outgoing[peer][lo : lo + step], peer)
-                    for lo in range(0, sends[peer].size, step)]
-            ops += [torch_dist.P2POp(torch_dist.irecv, incoming[peer][lo : lo + step], peer)
-                    for lo in range(0, inbox[peer].size, step)]
-    for work in torch_dist.batch_isend_irecv(ops) if ops else ():
-        work.wait()
-    if device.type != "cpu":
-        for peer, tensor in enumerate(incoming):
-            if peer != rank:
-                inbox[peer][:] = tensor.cpu().numpy()
+    per_pair = round_bytes // world_size
+    if sizes.max() <= per_pair and device.type == "cpu":
+        _exchange(send, send_sizes, received, recv_sizes, device)  # one round, in place
+        return received, recv_sizes
+    send_starts, recv_starts = _starts(send_sizes), _starts(recv_sizes)
+    for lo in range(0, int(sizes.max()), per_pair):
+        out_splits = np.clip(recv_sizes - lo, 0, per_pair)
+        in_splits = np.clip(send_sizes - lo, 0, per_pair)
+        staged = np.concatenate([send[a + lo : a + lo + n] for a, n in zip(send_starts, in_splits)])
+        landed = np.empty(int(out_splits.sum()), dtype=np.uint8)
+        _exchange(staged, in_splits, landed, out_splits, device)
+        for start, piece in zip(recv_starts, np.split(landed, np.cumsum(out_splits)[:-1])):
+            received[start + lo : start + lo + piece.size] = piece
     return received, recv_sizes
+
+
+def _exchange(send: np.ndarray, in_splits: np.ndarray, into: np.ndarray, out_splits: np.ndarray,
+              device: torch.device) -> None:
+    """One ``all_to_all_single``; on CPU the tensors share the arrays' memory."""
+    # torch wants writable memory; a read-only buffer (from bytes) is copied once.
+    source = torch.from_numpy(send if send.flags.writeable else send.copy()).to(device)
+    target = torch.from_numpy(into) if device.type == "cpu" else torch.empty(
+        into.size, dtype=torch.uint8, device=device)
+    torch_dist.all_to_all_single(target, source, out_splits.tolist(), in_splits.tolist())
+    if device.type != "cpu":
+        into[:] = target.cpu().numpy()
+
+
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    return np.cumsum(sizes) - sizes
 
 
 def _as_bytes(payload: Buffer) -> np.ndarray:
@@ -95,8 +113,8 @@ def _as_bytes(payload: Buffer) -> np.ndarray:
     return np.frombuffer(payload, dtype=np.uint8)
 
 
-def _all_gather_sizes(sizes: list[int], world_size: int, device: torch.device) -> np.ndarray:
-    mine = torch.tensor(sizes, dtype=torch.int64, device=device)
+def _all_gather_sizes(sizes: np.ndarray, world_size: int, device: torch.device) -> np.ndarray:
+    mine = torch.from_numpy(sizes).to(device)
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
     torch_dist.all_gather(gathered, mine)
     return torch.stack(gathered).cpu().numpy()
