@@ -12,7 +12,7 @@ import numpy as np
 from shardwise.dist.exchange import DEFAULT_ROUND_BYTES
 from shardwise.dist.world import gather_objects, group_world, resolve_world
 from shardwise.files.owners import owners
-from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, concat_records, parse_chunk
+from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, RecordBuilder, parse_chunk
 from shardwise.files.plan import Plan, plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks
 from shardwise.files.records import edges, join, vector_dtype
@@ -59,17 +59,18 @@ def read_records(
     started = time.perf_counter()
     the_plan = plan(paths, world_size)
     planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
-    parts, bytes_read, lines, skipped, examples = [], 0, 0, 0, []
+    builder = RecordBuilder(fmt.pattern, f"the files of rank {rank}")
+    bytes_read, lines, skipped, examples = 0, 0, 0, []
     for chunk in iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes):
         parsed = parse_chunk(chunk, fmt)
-        parts.append(parsed.records)
         bytes_read += len(chunk.data)
+        builder.append(parsed.columns, done=min(bytes_read / planned, 1.0) if planned else 1.0)
         lines += parsed.lines
         skipped += parsed.skipped
         examples.extend(parsed.examples[: MAX_EXAMPLES - len(examples)])
         if progress is not None:
             progress(min(bytes_read, planned), planned)
-    records = concat_records(parts, fmt.pattern, f"the files of rank {rank}")
+    records = builder.finish()
     if skipped:
         warnings.warn(
             f"rank {rank} skipped {skipped} malformed line(s); the first: "

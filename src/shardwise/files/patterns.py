@@ -29,11 +29,12 @@ import pyarrow.csv as pacsv
 
 from shardwise.files.ids import check_distinct, hash_binary, string_ids
 from shardwise.files.read import Chunk, chunk_lines
-from shardwise.files.records import edges, join, vector_dtype
+from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
 
 PATTERNS = ("fmap", "smap", "fsmap", "fset", "fvec")
 Pattern = Literal["fmap", "smap", "fsmap", "fset", "fvec"]
 LineParser = Callable[[str], Sequence[object]]
+Columns = tuple[np.ndarray, ...]  # records by field, as ``record_columns`` lists them
 
 MAX_EXAMPLES = 10  # bad lines kept (with their location) for the report; all are counted
 _SLOW_PATH_BYTES = 64 * 2**10  # below this, a failing chunk is parsed line by line
@@ -101,33 +102,62 @@ class ParseError(ValueError):
 
 @dataclass(frozen=True)
 class Parsed:
-    """What one chunk gave: its records, its line count, and the lines skipped as malformed."""
+    """What one chunk gave: its records as columns, its line count, and the lines skipped."""
 
-    records: np.ndarray
+    columns: Columns
     lines: int
     skipped: int = 0
     examples: tuple[BadLine, ...] = ()
 
 
 def parse_chunk(chunk: Chunk, fmt: Format) -> Parsed:
-    """Parse one chunk of whole lines into records (``EDGE`` or ``vector_dtype(k)``)."""
-    records, bad = _parse(chunk, fmt)
-    return Parsed(records, chunk.line_count(), len(bad), tuple(bad[:MAX_EXAMPLES]))
+    """Parse one chunk of whole lines into columns (pyarrow's own buffers on the fast path)."""
+    columns, bad = _parse(chunk, fmt)
+    return Parsed(columns, chunk.line_count(), len(bad), tuple(bad[:MAX_EXAMPLES]))
 
 
-def concat_records(parts: Sequence[np.ndarray], pattern: str, where: str) -> np.ndarray:
-    """Concatenate record arrays, ignoring empty ones; vectors must agree on their length."""
-    nonempty = [p for p in parts if len(p)]
-    if not nonempty:
-        return parts[0][:0] if parts else _empty(pattern)
-    dtypes = {p.dtype for p in nonempty}
-    if len(dtypes) > 1:
-        counts = sorted(d["values"].shape[0] for d in dtypes)
-        raise ValueError(f"fvec lines in {where} have different numbers of features: {counts}")
-    return join(nonempty)
+class RecordBuilder:
+    """One record array (``EDGE`` or ``vector_dtype(k)``) filled from column parts as they come.
+
+    The array grows in place with ``ndarray.resize`` (``realloc``: a large buffer is remapped, not
+    copied), so every record is written once into memory touched once. The grown tail is
+    zero-filled, so ``done`` (the share of the input these parts complete) sizes the growth to the
+    expected final count.
+    """
+
+    def __init__(self, pattern: str, where: str) -> None:
+        self.pattern, self.where = pattern, where
+        self.count = 0
+        self._records: np.ndarray | None = None
+
+    def append(self, columns: Columns, done: float = 1.0) -> None:
+        """Copy a part's columns in after the records so far; vectors must agree on their length."""
+        size = len(columns[0])
+        if size == 0:
+            return
+        dtype = _record_dtype(self.pattern, len(columns))
+        expect = max(self.count + size, int((self.count + size) / max(done, 1e-9) * 1.02))
+        if self._records is None:
+            self._records = np.empty(expect, dtype)
+        elif dtype != self._records.dtype:
+            counts = sorted(d["values"].shape[0] for d in {dtype, self._records.dtype})
+            raise ValueError(f"fvec lines in {self.where} have different numbers of features: {counts}")
+        elif self.count + size > len(self._records):
+            self._records.resize(expect, refcheck=False)  # nothing else refers to it
+        for target, column in zip(record_columns(self._records[self.count : self.count + size]), columns):
+            target[...] = column
+        self.count += size
+
+    def finish(self) -> np.ndarray:
+        """The records (once: the builder hands its array over)."""
+        records, self._records = self._records, None
+        if records is None:
+            return _empty(self.pattern)
+        records.resize(self.count, refcheck=False)
+        return records
 
 
-def _parse(chunk: Chunk, fmt: Format) -> tuple[np.ndarray, list[BadLine]]:
+def _parse(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
     if fmt.parser is None:
         try:
             return _FAST[fmt.pattern](chunk.data, fmt), []
@@ -136,7 +166,10 @@ def _parse(chunk: Chunk, fmt: Format) -> tuple[np.ndarray, list[BadLine]]:
         halves = _halves(chunk)
         if halves:
             (left, left_bad), (right, right_bad) = (_parse(half, fmt) for half in halves)
-            return concat_records([left, right], fmt.pattern, chunk.source.name), left_bad + right_bad
+            joined = RecordBuilder(fmt.pattern, chunk.source.name)
+            joined.append(left)
+            joined.append(right)
+            return record_columns(joined.finish()), left_bad + right_bad
     return _slow(chunk, fmt)
 
 
@@ -156,32 +189,29 @@ def _halves(chunk: Chunk) -> tuple[Chunk, Chunk] | None:
 
 # ---- the fast, vectorised path -------------------------------------------------------------
 
-def _fast_pairs(data: bytes, fmt: Format) -> np.ndarray:
+def _fast_pairs(data: bytes, fmt: Format) -> Columns:
     columns = _field_count(data, fmt)
     if columns == 0:
-        return _empty(fmt.pattern)
+        return record_columns(_empty(fmt.pattern))
     if columns not in (2, 3):
         raise _NeedsSlowPath
     table = _read_csv(data, fmt, [_id_type(fmt)] * 2 + [pa.float64()] * (columns - 2))
     src, dst = _ids([table.column(0), table.column(1)], fmt)
-    return edges(src, dst, table.column(2).to_numpy() if columns == 3 else 1.0)
+    weight = table.column(2).to_numpy() if columns == 3 else np.broadcast_to(1.0, len(src))
+    return src, dst, weight
 
 
-def _fast_vectors(data: bytes, fmt: Format) -> np.ndarray:
+def _fast_vectors(data: bytes, fmt: Format) -> Columns:
     columns = _field_count(data, fmt)
     if columns == 0:
-        return _empty(fmt.pattern)
+        return record_columns(_empty(fmt.pattern))
     if columns < 2:
         raise _NeedsSlowPath
     table = _read_csv(data, fmt, [_id_type(fmt)] + [pa.float64()] * (columns - 1))
-    records = np.empty(table.num_rows, dtype=vector_dtype(columns - 1))
-    (records["id"],) = _ids([table.column(0)], fmt)
-    for index in range(1, columns):
-        records["values"][:, index - 1] = table.column(index).to_numpy()
-    return records
+    return (*_ids([table.column(0)], fmt), *(table.column(i).to_numpy() for i in range(1, columns)))
 
 
-def _fast_sets(data: bytes, fmt: Format) -> np.ndarray:
+def _fast_sets(data: bytes, fmt: Format) -> Columns:
     lines = _line_array(data)
     fields = pc.split_pattern(lines, fmt.delimiter)
     counts = pc.list_value_length(fields).to_numpy()
@@ -199,10 +229,10 @@ def _fast_sets(data: bytes, fmt: Format) -> np.ndarray:
     weight = np.ones(len(targets))
     weighted = pc.list_element(targets.filter(pa.array(has_weight)), 1)
     weight[has_weight] = pc.cast(weighted, pa.float64()).to_numpy()
-    return edges(np.repeat(src, counts - 1), dst, weight)
+    return np.repeat(src, counts - 1), dst, weight
 
 
-_FAST: dict[str, Callable[[bytes, Format], np.ndarray]] = {
+_FAST: dict[str, Callable[[bytes, Format], Columns]] = {
     "fmap": _fast_pairs, "smap": _fast_pairs, "fsmap": _fast_pairs,
     "fset": _fast_sets, "fvec": _fast_vectors,
 }
@@ -266,13 +296,18 @@ def _line_array(data: bytes) -> pa.Array:
     return pa.StringArray.from_buffers(lengths.size, pa.py_buffer(offsets), pa.py_buffer(raw[keep]))
 
 
+def _record_dtype(pattern: str, width: int) -> np.dtype:
+    """The record layout for ``width`` columns."""
+    return vector_dtype(width - 1) if pattern == "fvec" else EDGE
+
+
 def _empty(pattern: str) -> np.ndarray:
-    return np.empty(0, dtype=vector_dtype(0) if pattern == "fvec" else edges([], []).dtype)
+    return np.empty(0, dtype=_record_dtype(pattern, 1))
 
 
 # ---- the per-line path ---------------------------------------------------------------------
 
-def _slow(chunk: Chunk, fmt: Format) -> tuple[np.ndarray, list[BadLine]]:
+def _slow(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
     split = fmt.parser or (lambda line: line.split(fmt.delimiter))
     convert_id = _int_id if fmt.ids == "int" else _str_id
     rows: list[tuple] = []
@@ -297,7 +332,7 @@ def _slow(chunk: Chunk, fmt: Format) -> tuple[np.ndarray, list[BadLine]]:
             bad.append(problem)
             continue
         rows.extend(parsed)
-    return _rows_to_records(rows, fmt, features), bad
+    return record_columns(_rows_to_records(rows, fmt, features)), bad
 
 
 def _rows_to_records(rows: list[tuple], fmt: Format, features: int | None) -> np.ndarray:
