@@ -203,3 +203,5 @@ def test_config_and_fingerprint_tell_configurations_apart():
     for other in (DistributedSampler(100, 4, 0, seed=2), DistributedSampler(101, 4, 0, seed=1),
                   DistributedSampler(100, 4, 0, seed=1, permutation="feistel")):
         assert other.fingerprint() != base.fingerprint()
+    huge = [DistributedSampler(2**63 - 1, 8, 0, seed=seed, permutation="feistel") for seed in (0, 1)]
+    assert huge[0].fingerprint() != huge[1].fingerprint()

@@ -230,8 +230,9 @@ class DistributedSampler(Sampler[int]):
 
         Ranks whose torch builds shuffle differently, or that resumed differently, disagree here.
         """
-        points = np.unique(np.linspace(0, max(self.size - 1, 0), _FINGERPRINT_POINTS).astype(np.int64))
-        values = self._current_order().take(points).tolist() if self.size else []
+        last, steps = self.size - 1, _FINGERPRINT_POINTS - 1
+        points = sorted({i * last // steps for i in range(_FINGERPRINT_POINTS)}) if self.size else []
+        values = self._current_order().take(np.array(points, dtype=np.int64)).tolist()
         bounds = [bound for interval in self._segments.intervals for bound in interval]
         return mix_ints(self.size, *values, *bounds, self._offset)
 
