@@ -101,8 +101,8 @@ def test_numpy_values_give_a_tensor():
         (torch.zeros(2), torch.tensor([-1, 0]), 5, ValueError, r"indices\[0\]=-1 is outside"),
         (torch.zeros(3), [0, 1], 2, ValueError, "values has 3 rows but indices has 2"),
         (torch.zeros(1), [0], -3, ValueError, "got -3"),
-        (torch.zeros(1), [0], True, ValueError, "got True"),
-        (torch.zeros(1), [0], 1.0, ValueError, "got 1.0"),
+        (torch.zeros(1), [0], True, TypeError, "must be an int, got True"),
+        (torch.zeros(1), [0], 1.0, TypeError, "must be an int, got 1.0"),
     ],
 )
 def test_bad_input_is_named_in_the_error(values, indices, size, error, message):

@@ -130,7 +130,7 @@ def test_missing_inputs_raise_errors_naming_them(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("a\n")
     with pytest.raises(ValueError, match="a.txt is named twice"):
         plan([tmp_path / "a.txt", tmp_path], 2)
-    with pytest.raises(ValueError, match="world_size must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="world_size must be at least 1, got 0"):
         plan(tmp_path, 0)
 
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import torch
 import torch.distributed as torch_dist
 
+from shardwise.checks import require_int
 from shardwise.dist.consistency import agree
 from shardwise.dist.world import collective_device, group_world
 
@@ -120,8 +121,7 @@ def as_indices(indices: torch.Tensor | npt.ArrayLike, size: int) -> torch.Tensor
     >>> as_indices(np.array([2, 0], dtype=np.int32), 3)
     tensor([2, 0])
     """
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
-        raise ValueError(f"size must be a non-negative int (the dataset length), got {size!r}")
+    size = require_int("size (the dataset length)", size, minimum=0)
     if isinstance(indices, torch.Tensor):
         indices = indices.detach().cpu().numpy()
     array = np.asarray(indices)

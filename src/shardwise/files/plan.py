@@ -16,6 +16,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from shardwise.checks import require_int
 from shardwise.files.sources import Paths, Source, expand
 
 
@@ -103,7 +104,6 @@ def plan(paths: Paths | Plan, world_size: int) -> Plan:
 
     A missing file raises ``FileNotFoundError`` naming it. Passing a ``Plan`` re-plans its files.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    world_size = require_int("world_size", world_size, minimum=1)
     sources = paths.sources if isinstance(paths, Plan) else tuple(expand(paths))
     return Plan(sources, world_size)
