@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from shardwise.checks import require_int
 from shardwise.mix import mix64
 
 
@@ -20,8 +21,7 @@ def grid(world_size: int) -> tuple[int, int]:
     >>> grid(6), grid(7), grid(16)
     ((2, 3), (1, 7), (4, 4))
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    world_size = require_int("world_size", world_size, minimum=1)
     npx = max(d for d in range(1, math.isqrt(world_size) + 1) if world_size % d == 0)
     return npx, world_size // npx
 
