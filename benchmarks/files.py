@@ -24,7 +24,7 @@ import pyarrow.csv as pacsv
 from rich.console import Console
 from rich.table import Table
 
-from shardwise.dist.launch import spawn_local
+from shardwise.distributed.launch import spawn_local
 from shardwise.files import load_graph
 
 # Eight files whose sizes differ by up to 15x, so a per-file split could not balance them.

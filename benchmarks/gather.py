@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.utils.data as tud
 
-from shardwise.dist.gather import gather_by_index
-from shardwise.dist.launch import spawn_local
+from shardwise.distributed.gather import gather_by_index
+from shardwise.distributed.launch import spawn_local
 
 
 def slowest(fn, repeats: int) -> list[float]:

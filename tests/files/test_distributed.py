@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardwise.dist.launch import spawn_local
-from shardwise.dist.world import group_world
+from shardwise.distributed.launch import spawn_local
+from shardwise.distributed.world import group_world
 from shardwise.files import grid, load_graph, load_matrix, load_vectors
 from shardwise.files.owners import bucket
 

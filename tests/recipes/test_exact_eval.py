@@ -14,10 +14,10 @@ import torch.nn.functional as F
 import torch.utils.data as tud
 from torch.nn.parallel import DistributedDataParallel
 
-from shardwise.dist.consistency import check_consistent
-from shardwise.dist.coverage import coverage
-from shardwise.dist.gather import gather_by_index
-from shardwise.dist.launch import spawn_local
+from shardwise.distributed.consistency import check_consistent
+from shardwise.distributed.coverage import coverage
+from shardwise.distributed.gather import gather_by_index
+from shardwise.distributed.launch import spawn_local
 from shardwise.samplers.distributed import DistributedSampler
 
 SIZE, BATCH, CLASSES = 23, 4, 3  # 23 over 3 ranks: torch pads to 24

@@ -13,9 +13,9 @@ import torch.utils.data as tud
 from torch.distributed.algorithms import Join
 from torch.nn.parallel import DistributedDataParallel
 
-from shardwise.dist.consistency import check_consistent
-from shardwise.dist.coverage import coverage
-from shardwise.dist.launch import spawn_local
+from shardwise.distributed.consistency import check_consistent
+from shardwise.distributed.coverage import coverage
+from shardwise.distributed.launch import spawn_local
 from shardwise.samplers.distributed import DistributedSampler
 
 SIZE, BATCH = 25, 4

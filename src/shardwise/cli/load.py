@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from shardwise.dist.launch import process_group_from_env, spawn_local
-from shardwise.dist.world import gather_objects, group_world
+from shardwise.distributed.launch import process_group_from_env, spawn_local
+from shardwise.distributed.world import gather_objects, group_world
 from shardwise.files import PATTERNS, LoadStats, load_graph, load_matrix, load_vectors
 from shardwise.files.graph import KINDS
 from shardwise.files.read import chunk_lines, iter_chunks

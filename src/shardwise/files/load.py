@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shardwise.dist.exchange import DEFAULT_ROUND_BYTES
-from shardwise.dist.world import gather_objects, group_world, resolve_world
+from shardwise.distributed.exchange import DEFAULT_ROUND_BYTES
+from shardwise.distributed.world import gather_objects, group_world, resolve_world
 from shardwise.files.owners import owners
 from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, RecordBuilder, parse_chunk
 from shardwise.files.plan import Plan, plan

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardwise.dist.world import resolve_world
+from shardwise.distributed.world import resolve_world
 from shardwise.files.plan import Plan, plan
 from shardwise.files.sources import Paths, Source
 

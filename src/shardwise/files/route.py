@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardwise.dist.exchange import DEFAULT_ROUND_BYTES, all_to_all_joined
+from shardwise.distributed.exchange import DEFAULT_ROUND_BYTES, all_to_all_joined
 
 
 def route(

@@ -13,7 +13,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from shardwise.checks import require_choice, require_int
-from shardwise.dist.world import resolve_world
+from shardwise.distributed.world import resolve_world
 from shardwise.mix import mix_ints
 from shardwise.order import PERMUTATIONS, Order, make_order
 from shardwise.segments import Segments

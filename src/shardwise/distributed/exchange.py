@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from shardwise.dist.world import collective_device, group_world
+from shardwise.distributed.world import collective_device, group_world
 
 DEFAULT_ROUND_BYTES = 2**30
 

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from shardwise import DistributedSampler, check_consistent, coverage, gather_by_index, spawn_local
-from shardwise.dist.exchange import all_to_all_bytes
+from shardwise.distributed.exchange import all_to_all_bytes
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and dist.is_nccl_available()), reason="needs a GPU and NCCL"

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as torch_dist
 
 from shardwise.checks import require_int
-from shardwise.dist.consistency import agree
-from shardwise.dist.world import collective_device, group_world
+from shardwise.distributed.consistency import agree
+from shardwise.distributed.world import collective_device, group_world
 
 #: How many offending indices an error message lists.
 SHOWN = 10

@@ -10,8 +10,8 @@ import torch.utils.data as tud
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.dist.gather import assemble, gather_by_index
-from shardwise.dist.launch import spawn_local
+from shardwise.distributed.gather import assemble, gather_by_index
+from shardwise.distributed.launch import spawn_local
 from shardwise.samplers.distributed import DistributedSampler
 
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch.distributed as torch_dist
 
-from shardwise.dist.world import gather_objects, group_world
+from shardwise.distributed.world import gather_objects, group_world
 
 
 class InconsistentRanksError(RuntimeError):

@@ -11,9 +11,9 @@ import torch.utils.data as tud
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardwise.dist.consistency import InconsistentRanksError
-from shardwise.dist.coverage import Coverage, coverage
-from shardwise.dist.launch import spawn_local
+from shardwise.distributed.consistency import InconsistentRanksError
+from shardwise.distributed.coverage import Coverage, coverage
+from shardwise.distributed.launch import spawn_local
 from shardwise.samplers.distributed import DistributedSampler
 
 

@@ -7,13 +7,13 @@ import torch.distributed as torch_dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardwise.dist.consistency import (
+from shardwise.distributed.consistency import (
     InconsistentRanksError,
     agree,
     check_consistent,
     disagreements,
 )
-from shardwise.dist.launch import spawn_local
+from shardwise.distributed.launch import spawn_local
 from shardwise.samplers.distributed import DistributedSampler
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardwise.dist.exchange import all_to_all_bytes
-from shardwise.dist.world import gather_objects, group_world
-from shardwise.dist.launch import spawn_local
+from shardwise.distributed.exchange import all_to_all_bytes
+from shardwise.distributed.world import gather_objects, group_world
+from shardwise.distributed.launch import spawn_local
 
 
 def _payload(src: int, dst: int, seed: int) -> bytes:

@@ -14,9 +14,9 @@ import numpy.typing as npt
 import torch
 import torch.distributed as torch_dist
 
-from shardwise.dist.consistency import agree
-from shardwise.dist.gather import SHOWN, as_indices
-from shardwise.dist.world import collective_device, group_world
+from shardwise.distributed.consistency import agree
+from shardwise.distributed.gather import SHOWN, as_indices
+from shardwise.distributed.world import collective_device, group_world
 
 
 @dataclass(frozen=True)
