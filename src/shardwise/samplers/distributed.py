@@ -196,6 +196,17 @@ class DistributedSampler(Sampler[int]):
         """
         return self._positions(start, stop) >= self._segments.length
 
+    def dropped(self) -> np.ndarray:
+        """The samples no rank takes in this pass: only ``remainder="drop"`` leaves any (< W).
+
+        >>> DistributedSampler(7, 3, 0, shuffle=False, drop_last=True).dropped().tolist()
+        [6]
+        """
+        length = self._segments.length
+        kept = split_total(length, self.num_replicas, self.remainder)
+        positions = np.arange(min(kept, length), length, dtype=np.int64)
+        return self._current_order().take(self._segments.take(positions))
+
     def __iter__(self) -> Iterator[int]:
         if not self._pinned:
             self._start_epoch(self.epoch + 1)
