@@ -5,19 +5,39 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+import numpy as np
 
-def require_int(name: str, value: object, minimum: int | None = None) -> int:
-    """``value`` as an ``int`` (bools refused), at least ``minimum`` when given.
 
-    >>> require_int("seed", 3)
+def require_int(
+    name: str, value: object, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """``value`` as an ``int`` (bools refused, NumPy integers accepted), within the bounds given.
+
+    >>> require_int("seed", np.int64(3))
     3
+    >>> require_int("size", 2**63, minimum=0, maximum=2**63 - 1)
+    Traceback (most recent call last):
+    ValueError: size must be at most 9223372036854775807, got 9223372036854775808
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return value
+
+
+def require_bool(name: str, value: object) -> bool:
+    """``value`` as a ``bool`` (a NumPy bool too); anything else, ``"False"`` included, is refused.
+
+    >>> require_bool("shuffle", np.bool_(False))
+    False
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return bool(value)
 
 
 def require_choice(name: str, value: object, choices: Sequence[str]) -> str:
@@ -26,7 +46,7 @@ def require_choice(name: str, value: object, choices: Sequence[str]) -> str:
     >>> require_choice("layout", "block", ("strided", "block"))
     'block'
     """
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         accepted = ", ".join(repr(choice) for choice in choices)
         raise ValueError(f"unknown {name} {value!r}; choose one of {accepted}")
     return value  # type: ignore[return-value]

@@ -68,16 +68,17 @@ def rank_positions(
     start: int = 0,
     stop: int | None = None,
 ) -> np.ndarray:
-    """Positions ``start:stop`` of rank ``rank``'s share, unwrapped, as int64.
+    """Positions ``start:stop`` of rank ``rank``'s share, unwrapped, as uint64.
 
-    Computes only the ``stop - start`` positions asked for.
+    Computes only the ``stop - start`` positions asked for. Unsigned because a padding
+    position of a split near ``length = 2**63 - 1`` passes the largest int64.
     """
     count = rank_count(length, world, rank, remainder)
     start, stop, _ = slice(start, stop).indices(count)
-    steps = np.arange(start, max(start, stop), dtype=np.int64)
+    steps = np.arange(start, max(start, stop), dtype=np.uint64)
     if layout == "strided":
-        return steps * world + rank
-    return steps + block_start(length, world, rank, remainder)
+        return steps * np.uint64(world) + np.uint64(rank)
+    return steps + np.uint64(block_start(length, world, rank, remainder))
 
 
 def consumed_intervals(

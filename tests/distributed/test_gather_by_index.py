@@ -113,6 +113,9 @@ def test_bad_input_is_named_in_the_error(values, indices, size, error, message):
 def test_dst_must_be_a_rank_of_the_group():
     with pytest.raises(ValueError, match=r"range\(1\) of the group, got 1"):
         gather_by_index(torch.zeros(1), [0], 1, dst=1)
+    with pytest.raises(TypeError, match="dst must be an int, got 0.0"):
+        gather_by_index(torch.zeros(1), [0], 1, dst=0.0)
+    assert gather_by_index(torch.ones(1), [0], 1, dst=np.int64(0)).tolist() == [1.0]
 
 
 # -- real gloo groups --------------------------------------------------------------------------

@@ -147,11 +147,11 @@ def test_world_comes_from_the_environment(monkeypatch):
 @pytest.mark.parametrize(
     "kwargs,error,message",
     [
-        ({"dataset_or_size": -1}, ValueError, "at least 0, got -1"),
-        ({"dataset_or_size": object()}, TypeError, "int or have __len__"),
-        ({"dataset_or_size": 3.5}, TypeError, "__len__"),
-        ({"rank": 4}, ValueError, r"rank must be in \[0, 4\).*got 4"),
-        ({"rank": -1}, ValueError, "got -1"),
+        ({"dataset": -1}, ValueError, "at least 0, got -1"),
+        ({"dataset": object()}, TypeError, "int or have __len__"),
+        ({"dataset": 3.5}, TypeError, "__len__"),
+        ({"rank": 4}, ValueError, r"Invalid rank 4, rank should be in the interval \[0, 3\]"),
+        ({"rank": -1}, ValueError, "Invalid rank -1"),
         ({"num_replicas": 0, "rank": 0}, ValueError, "at least 1, got 0"),
         ({"layout": "interleaved"}, ValueError, r"unknown layout 'interleaved'.*'strided', 'block'"),
         ({"remainder": "wrap"}, ValueError, r"unknown remainder 'wrap'.*'pad', 'drop', 'uneven'"),
@@ -163,7 +163,7 @@ def test_world_comes_from_the_environment(monkeypatch):
     ],
 )
 def test_bad_input_is_named(kwargs, error, message):
-    arguments = {"dataset_or_size": 10, "num_replicas": 4, "rank": 0, **kwargs}
+    arguments = {"dataset": 10, "num_replicas": 4, "rank": 0, **kwargs}
     with pytest.raises(error, match=message):
         DistributedSampler(**arguments)
 

@@ -139,3 +139,39 @@ def test_malformed_states_are_refused():
         sampler.load_state_dict({**state, "consumed": 99})
     with pytest.raises(ValueError, match="consumed=21 but this rank's pass has only 20"):
         sampler.state_dict(consumed=21)
+
+
+def global_steps(samplers, global_batch):
+    """Each global step's samples, as lock-step DDP training with a global batch sees them."""
+    per_rank = global_batch // len(samplers)
+    shares = [list(s) for s in samplers]
+    count = max(len(share) for share in shares)
+    return [sorted(i for share in shares for i in share[k * per_rank : (k + 1) * per_rank])
+            for k in range(-(-count // per_rank))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(0, 400), global_batch=st.sampled_from([12, 24, 36]), data=st.data(),
+    remainder=st.sampled_from(["pad", "drop", "uneven"]),
+    permutation=st.sampled_from(["torch", "feistel"]),
+)
+def test_a_global_step_holds_the_same_samples_on_any_world_size(
+    size, global_batch, data, remainder, permutation
+):
+    """Strided layout, a constant global batch divisible by W: the run does not depend on W."""
+    divisors = [w for w in range(1, global_batch + 1) if global_batch % w == 0]
+    old, new = data.draw(st.sampled_from(divisors)), data.draw(st.sampled_from(divisors))
+    options = {"remainder": remainder, "permutation": permutation}
+    full = size // global_batch  # steps whose global batch is all real samples
+    reference = global_steps(ranks(size, old, **options), global_batch)[:full]
+    assert global_steps(ranks(size, new, **options), global_batch)[:full] == reference
+    if remainder == "uneven":  # the last, partial step too: the same samples, nothing added
+        assert global_steps(ranks(size, new, **options), global_batch) == global_steps(
+            ranks(size, old, **options), global_batch)
+    # Train k steps on `old` ranks, then resume the epoch on `new` ranks.
+    k = data.draw(st.integers(0, full))
+    before = ranks(size, old, **options)
+    consume(before, k * global_batch // old)
+    after = resume(before[0].state_dict(), size, new, **options)
+    assert global_steps(after, global_batch)[: full - k] == reference[k:]

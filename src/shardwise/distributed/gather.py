@@ -43,7 +43,7 @@ def gather_by_index(
     """
     world, rank = group_world(group)
     try:
-        values, indices, size = _check_inputs(values, indices, size, world, dst)
+        values, indices, size, dst = _check_inputs(values, indices, size, world, dst)
         problem = None
     except (TypeError, ValueError) as exc:
         problem = exc
@@ -140,7 +140,9 @@ def as_indices(indices: torch.Tensor | npt.ArrayLike, size: int) -> torch.Tensor
     return torch.from_numpy(array.astype(np.int64, copy=False))
 
 
-def _check_inputs(values, indices, size, world, dst) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _check_inputs(
+    values, indices, size, world, dst
+) -> tuple[torch.Tensor, torch.Tensor, int, int | None]:
     if isinstance(values, np.ndarray):
         if values.dtype.kind not in "biufc":
             raise TypeError(f"values must be numeric, got a NumPy array of dtype {values.dtype}")
@@ -155,10 +157,11 @@ def _check_inputs(values, indices, size, world, dst) -> tuple[torch.Tensor, torc
     if len(indices) != len(values):
         raise ValueError(f"values has {len(values)} rows but indices has {len(indices)} entries; "
                          "pass one index per result row")
-    if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int)
-                            or not 0 <= dst < world):
-        raise ValueError(f"dst must be None or a rank in range({world}) of the group, got {dst!r}")
-    return values.detach(), indices, int(size)
+    if dst is not None:
+        dst = require_int("dst", dst)
+        if not 0 <= dst < world:
+            raise ValueError(f"dst must be None or a rank in range({world}) of the group, got {dst}")
+    return values.detach(), indices, int(size), dst
 
 
 def _bytes_of(values: torch.Tensor) -> torch.Tensor:

@@ -27,9 +27,9 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None) -> t
         rank = _discover("RANK", torch_dist.get_rank, default=0)
     num_replicas = require_int("num_replicas", num_replicas, minimum=1)
     rank = require_int("rank", rank)
-    if not 0 <= rank < num_replicas:
+    if not 0 <= rank < num_replicas:  # torch's DistributedSampler's words, for drop-in use
         raise ValueError(
-            f"rank must be in [0, {num_replicas}) for num_replicas={num_replicas}, got {rank}"
+            f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
         )
     return num_replicas, rank
 

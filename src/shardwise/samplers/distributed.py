@@ -7,12 +7,13 @@ import itertools
 import numbers
 import warnings
 from collections.abc import Iterator, Mapping, Sized
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
-from shardwise.checks import require_choice, require_int
+from shardwise.checks import require_bool, require_choice, require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import mix_ints
 from shardwise.order import PERMUTATIONS, Order, make_order
@@ -29,6 +30,11 @@ from shardwise.split import (
 STATE_VERSION = 1
 # Fields that must match between a saved state and the sampler that loads it.
 STATE_IDENTITY = ("size", "seed", "permutation")
+STATE_FIELDS = ("version", *STATE_IDENTITY, "epoch", "layout", "remainder", "num_replicas",
+                "consumed", "segments")
+MAX_SIZE = 2**63 - 1
+# What torch.Generator.manual_seed takes; seed + epoch, torch's generator seed, must fit too.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 TORCH_ORDER_WARN_SIZE = 2**25
 _FIRST_CHUNK = 256  # the first index must come at once, even when an order is costly
 _CHUNK = 1 << 16
@@ -37,34 +43,48 @@ _FINGERPRINT_POINTS = 64
 _warned_torch_scale = False
 
 
-class DistributedSampler(Sampler[int]):
-    """Give each of ``num_replicas`` ranks its own disjoint share of ``[0, size)`` per epoch.
+@dataclass(frozen=True)
+class _Position:
+    """Where a pass starts: an epoch, the order positions it splits, and this rank's offset."""
 
-    With the default keyword options it yields exactly what
-    :class:`torch.utils.data.DistributedSampler` yields for the same arguments and epoch.
+    epoch: int
+    segments: Segments  # all of [0, size) in a fresh epoch; what was left after an elastic resume
+    offset: int  # positions of this rank's share consumed before the pass (a same-world resume)
+
+    @classmethod
+    def start_of(cls, epoch: int, size: int) -> _Position:
+        return cls(epoch, Segments.whole(size), 0)
+
+
+class DistributedSampler(TorchDistributedSampler):
+    """Give each of ``num_replicas`` ranks its own disjoint share of the dataset, epoch by epoch.
+
+    A drop-in for :class:`torch.utils.data.DistributedSampler`, and an instance of it (so
+    Lightning, Fabric and Accelerate keep it as it is): with the default keyword options it
+    yields exactly what torch's sampler yields for the same arguments and epoch.
 
     Args:
-        dataset_or_size: a dataset (anything with ``__len__``) or its size as an ``int``.
+        dataset: a dataset (anything with ``__len__``), or its size as an ``int``.
         num_replicas: number of ranks; default: the process group's world size, else
             ``WORLD_SIZE`` from the environment, else 1.
         rank: this rank; default: the process group's rank, else ``RANK``, else 0.
         shuffle: shuffle each epoch from ``(seed, epoch)``; else dataset order.
-        seed: the same on every rank.
+        seed: the same on every rank; any int ``torch.Generator.manual_seed`` takes.
         drop_last: torch's flag; ``True`` means ``remainder="drop"``.
         remainder: ``"pad"`` (torch's default: repeat samples so every rank gets as many),
             ``"drop"`` (cut the tail) or ``"uneven"`` (every sample exactly once; rank
-            lengths differ by at most one).
+            lengths differ by at most one). Train DDP with ``pad`` or ``drop``, which give
+            every rank the same number of steps; evaluate with ``uneven`` for exact metrics
+            (train with it only under ``torch.distributed.algorithms.Join``).
         layout: ``"strided"`` (rank r takes r, r+W, ...) or ``"block"`` (one contiguous run).
         permutation: ``"torch"`` (``torch.randperm``, 8 bytes a sample) or ``"feistel"``
             (O(1) memory, for billions of samples).
 
-    .. note::
-        ``set_epoch(e)`` works as in torch: the next pass uses exactly epoch ``e``. If you never
-        call it, each new pass starts the next epoch (0, 1, 2, ...) instead of repeating epoch 0.
-
-    .. warning::
-        Resume assumes every rank consumed the same number of samples, as DDP's lock-step
-        training gives; ``state_dict()`` of any one rank then resumes all of them.
+    Each ``iter(sampler)`` is a pass fixed when it is made: ``set_epoch``, ``load_state_dict``
+    or another ``iter()`` never change a live pass. ``set_epoch(e)`` makes the next pass use
+    exactly epoch ``e``, as torch's does; if you never call it, each pass starts the next epoch
+    (0, 1, 2, ...) instead of repeating epoch 0. A pass counts once it is first asked for an
+    index, so an iterator made and dropped unused (torch's DataLoader makes one) changes nothing.
 
     Example::
 
@@ -77,7 +97,7 @@ class DistributedSampler(Sampler[int]):
 
     def __init__(
         self,
-        dataset_or_size: Sized | int,
+        dataset: Sized | int,
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
@@ -88,34 +108,38 @@ class DistributedSampler(Sampler[int]):
         layout: str = "strided",
         permutation: str = "torch",
     ) -> None:
-        self.dataset = dataset_or_size
-        self.size = _size_of(dataset_or_size)
+        self.dataset = dataset
+        self.size = _size_of(dataset)
         self.num_replicas, self.rank = resolve_world(num_replicas, rank)
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle must be a bool, got {shuffle!r}")
-        if not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
-        if drop_last and remainder not in (None, "drop"):
+        self.shuffle = require_bool("shuffle", shuffle)
+        self.drop_last = require_bool("drop_last", drop_last)
+        self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
+        if remainder is None:
+            remainder = "drop" if self.drop_last else "pad"
+        elif self.drop_last and remainder != "drop":
             raise ValueError(
                 f"drop_last=True means remainder='drop' but remainder={remainder!r} was given; "
                 "pass only one of them"
             )
-        self.shuffle = shuffle
-        self.seed = require_int("seed", seed)
-        self.drop_last = drop_last
-        self.remainder = require_choice(
-            "remainder", remainder or ("drop" if drop_last else "pad"), REMAINDERS
-        )
+        self.remainder = require_choice("remainder", remainder, REMAINDERS)
         self.layout = require_choice("layout", layout, LAYOUTS)
         self.permutation = require_choice("permutation", permutation, PERMUTATIONS)
-        if shuffle and permutation == "torch" and self.size >= TORCH_ORDER_WARN_SIZE:
+        if self.shuffle and permutation == "torch" and self.size >= TORCH_ORDER_WARN_SIZE:
             _warn_torch_scale(self.size)
-        self._order_key: tuple[int, str] | None = None
-        self._order: Order | None = None
-        self._start_epoch(0)
-        self._pinned = True  # the next pass uses self.epoch as it is
+        self._cached_order: tuple[tuple[Any, ...], Order] | None = None
+        self._generation = 0  # counts the moves of set_epoch and load_state_dict
+        self._stand_at(_Position.start_of(self._checked_epoch(0), self.size))
 
     # -- the epoch ---------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current pass, or of the next one after ``set_epoch``."""
+        return self._at.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:  # torch's attribute: assigning it is set_epoch
+        self.set_epoch(epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass use exactly ``epoch``.
@@ -123,56 +147,75 @@ class DistributedSampler(Sampler[int]):
         A position restored by :meth:`load_state_dict` for this same epoch is kept, so the
         usual ``load_state_dict(...); for e in ...: set_epoch(e)`` loop resumes mid-epoch.
         """
-        epoch = require_int("epoch", epoch)
-        if not (self._pinned and epoch == self.epoch):
-            self._start_epoch(epoch)
-        self._pinned = True
+        epoch = self._checked_epoch(epoch)
+        if not (self._fresh and epoch == self._at.epoch):
+            self._stand_at(_Position.start_of(epoch, self.size))
 
-    def _start_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self._segments = Segments.whole(self.size)  # the positions this epoch splits
-        self._offset = 0  # positions of this rank's share consumed before this pass (resume)
-        self._cursor: tuple[int, Iterator[int]] = (0, iter([]))  # where the pass stands
+    def _checked_epoch(self, epoch: object) -> int:
+        epoch = require_int("epoch", epoch)
+        if not SEED_MIN <= self.seed + epoch <= SEED_MAX:
+            raise ValueError(
+                f"epoch {epoch} with seed {self.seed} gives the generator seed "
+                f"{self.seed + epoch}, outside [{SEED_MIN}, {SEED_MAX}]; use a smaller seed"
+            )
+        return epoch
+
+    def _stand_at(self, at: _Position) -> None:
+        """Move to ``at`` with no pass begun there yet: the next pass starts from it."""
+        self._at = at
+        self._fresh = True
+        self._active: _Pass | None = None
+        self._generation += 1
+
+    def _begin(self, run: _Pass) -> None:
+        """``run`` was asked for its first index: unless the sampler moved since, it is current."""
+        if run.generation == self._generation:
+            self._at, self._fresh, self._active = run.at, False, run
 
     @property
     def effective_permutation(self) -> str:
         """``"identity"`` without shuffle, else the permutation's name."""
         return self.permutation if self.shuffle else "identity"
 
-    def _current_order(self) -> Order:
-        key = (self.epoch, self.effective_permutation)
-        if self._order_key != key:
-            self._order = None  # free a large torch permutation before making the next
-            self._order = make_order(
-                self.size, self.seed, self.epoch, self.permutation if self.shuffle else None
-            )
-            self._order_key = key
-        assert self._order is not None
-        return self._order
+    def _order_of(self, epoch: int) -> Order:
+        key = (self.size, self.seed, epoch, self.effective_permutation)
+        if self._cached_order is None or self._cached_order[0] != key:
+            self._cached_order = None  # free a large torch permutation before making the next
+            order = make_order(self.size, self.seed, epoch,
+                               self.permutation if self.shuffle else None)
+            self._cached_order = (key, order)
+        return self._cached_order[1]
 
     # -- this rank's sequence ------------------------------------------------------------------
 
     @property
     def num_samples(self) -> int:
         """This rank's share of the whole (or resumed) epoch, as torch's attribute."""
-        return rank_count(self._segments.length, self.num_replicas, self.rank, self.remainder)
+        return self._share(self._at)
 
     @property
     def total_size(self) -> int:
         """All ranks' shares together, repeats included, as torch's attribute."""
-        return split_total(self._segments.length, self.num_replicas, self.remainder)
+        return split_total(self._at.segments.length, self.num_replicas, self.remainder)
 
     def __len__(self) -> int:
-        """How many indices the current (or next) pass yields on this rank."""
-        return max(0, self.num_samples - self._offset)
+        """How many indices the current pass, or the next one after ``set_epoch``, yields here."""
+        return max(0, self.num_samples - self._at.offset)
 
-    def _positions(self, start: int, stop: int | None) -> np.ndarray:
-        """Unwrapped split positions of this pass's ``[start, stop)``."""
-        start, stop, _ = slice(start, stop).indices(len(self))
-        return rank_positions(
-            self._segments.length, self.num_replicas, self.rank, self.layout, self.remainder,
-            self._offset + start, self._offset + max(start, stop),
-        )
+    def _share(self, at: _Position) -> int:
+        return rank_count(at.segments.length, self.num_replicas, self.rank, self.remainder)
+
+    def _positions(self, at: _Position, start: int, stop: int) -> np.ndarray:
+        """Unwrapped split positions (uint64) of pass positions ``[start, stop)`` from ``at``."""
+        return rank_positions(at.segments.length, self.num_replicas, self.rank, self.layout,
+                              self.remainder, at.offset + start, at.offset + stop)
+
+    def _take(self, at: _Position, order: Order, start: int, stop: int) -> np.ndarray:
+        """The samples at pass positions ``[start, stop)`` from ``at``, as int64."""
+        positions, length = self._positions(at, start, stop), at.segments.length
+        if self.remainder == "pad" and positions.size and positions[-1] >= length:
+            positions = positions % np.uint64(length)  # padding repeats wrap around
+        return order.take(at.segments.take(positions.astype(np.int64)))
 
     def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Indices ``start:stop`` of this rank's current pass, as int64; computes only those.
@@ -180,11 +223,8 @@ class DistributedSampler(Sampler[int]):
         >>> DistributedSampler(10, 2, 1, permutation="feistel").indices(0, 3).shape
         (3,)
         """
-        positions = self._positions(start, stop)
-        length = self._segments.length
-        if self.remainder == "pad" and positions.size and positions[-1] >= length:
-            positions = positions % length
-        return self._current_order().take(self._segments.take(positions))
+        start, stop = _bounds(start, stop, len(self))
+        return self._take(self._at, self._order_of(self._at.epoch), start, stop)
 
     def padding_mask(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """``True`` where position ``start:stop`` of this rank's pass is a padding repeat.
@@ -194,7 +234,8 @@ class DistributedSampler(Sampler[int]):
         >>> DistributedSampler(7, 3, 2, shuffle=False).padding_mask().tolist()
         [False, False, True]
         """
-        return self._positions(start, stop) >= self._segments.length
+        start, stop = _bounds(start, stop, len(self))
+        return self._positions(self._at, start, stop) >= self._at.segments.length
 
     def dropped(self) -> np.ndarray:
         """The samples no rank takes in this pass: only ``remainder="drop"`` leaves any (< W).
@@ -202,29 +243,17 @@ class DistributedSampler(Sampler[int]):
         >>> DistributedSampler(7, 3, 0, shuffle=False, drop_last=True).dropped().tolist()
         [6]
         """
-        length = self._segments.length
+        length = self._at.segments.length
         kept = split_total(length, self.num_replicas, self.remainder)
         positions = np.arange(min(kept, length), length, dtype=np.int64)
-        return self._current_order().take(self._segments.take(positions))
+        return self._order_of(self._at.epoch).take(self._at.segments.take(positions))
 
     def __iter__(self) -> Iterator[int]:
-        if not self._pinned:
-            self._start_epoch(self.epoch + 1)
-        self._pinned = False
-        self._cursor = (0, iter([]))
-        # C-level chaining of list iterators: per index, no more work than torch's iter(list).
-        return itertools.chain.from_iterable(itertools.starmap(self._open_chunk, _chunks(len(self))))
-
-    def _open_chunk(self, start: int, stop: int) -> Iterator[int]:
-        block = iter(self.indices(start, stop).tolist())
-        self._cursor = (stop, block)
-        return block
-
-    @property
-    def _yielded(self) -> int:
-        """Indices the current pass has handed out: the chunk's end less what it still holds."""
-        stop, block = self._cursor
-        return stop - block.__length_hint__()
+        if self._fresh:
+            at = self._at
+        else:  # a pass already began here: this one is the next epoch
+            at = _Position.start_of(self._checked_epoch(self._at.epoch + 1), self.size)
+        return _Pass(self, at, self._generation).iterator()
 
     # -- checks across ranks -------------------------------------------------------------------
 
@@ -243,9 +272,9 @@ class DistributedSampler(Sampler[int]):
         """
         last, steps = self.size - 1, _FINGERPRINT_POINTS - 1
         points = sorted({i * last // steps for i in range(_FINGERPRINT_POINTS)}) if self.size else []
-        values = self._current_order().take(np.array(points, dtype=np.int64)).tolist()
-        bounds = [bound for interval in self._segments.intervals for bound in interval]
-        return mix_ints(self.size, *values, *bounds, self._offset)
+        values = self._order_of(self.epoch).take(np.array(points, dtype=np.int64)).tolist()
+        bounds = [bound for interval in self._at.segments.intervals for bound in interval]
+        return mix_ints(self.size, *values, *bounds, self._at.offset)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -253,20 +282,31 @@ class DistributedSampler(Sampler[int]):
         """Where the epoch stands, enough for every rank (of any world size) to resume.
 
         Args:
-            consumed: how many samples this rank really used in the current pass (a
-                prefetching DataLoader runs ahead of training); default: how many the current
-                pass has yielded.
+            consumed: how many samples this rank really used in the current pass. By default,
+                how many indices the pass has handed out, which is ahead of training when a
+                ``DataLoader`` prefetches: with workers, add up the lengths of the batches
+                trained (the last, partial batch too) and pass that.
+
+        The state is plain data (ints, strings, lists): ``json`` and ``torch.save`` keep it.
         """
-        used = self._yielded if consumed is None else require_int("consumed", consumed, 0)
-        if used > len(self):
-            raise ValueError(
-                f"consumed={used} but this rank's pass has only {len(self)} samples"
-            )
+        share, run = len(self), self._active
+        if consumed is None:
+            used, finished = (run.yielded, run.finished) if run is not None else (0, False)
+        else:
+            used = require_int("consumed", consumed, minimum=0)
+            if used > share:
+                raise ValueError(f"consumed={used} but this rank's pass has only {share} samples")
+            finished = used == share
+        done = self._at.offset + used
+        if self.remainder == "uneven" and finished:
+            # Shares differ by one: record that every rank finished, or a short rank's state
+            # would hand the long ranks' last samples out again.
+            done = rank_count(self._at.segments.length, self.num_replicas, 0, self.remainder)
         return {
             "version": STATE_VERSION,
             **{key: value for key, value in self.config().items() if key != "shuffle"},
-            "consumed": self._offset + used,
-            "segments": self._segments.to_state(),
+            "consumed": done,
+            "segments": self._at.segments.to_state(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -275,51 +315,87 @@ class DistributedSampler(Sampler[int]):
         With the same world size, layout and remainder each rank continues its own sequence.
         Otherwise the positions that no rank consumed are split afresh over this sampler's
         ranks by its layout and remainder (a finished epoch leaves an empty pass). The next
-        epoch is an ordinary one.
+        epoch is an ordinary one. Every field is checked first; a bad one is named.
         """
-        _check_state(state, self)
-        saved_world, consumed = int(state["num_replicas"]), int(state["consumed"])
-        segments = Segments.from_state(state["segments"])
-        left = remaining_intervals(
-            segments.length, saved_world, state["layout"], state["remainder"], consumed
-        )
-        self._start_epoch(int(state["epoch"]))
-        if (saved_world, state["layout"], state["remainder"]) == (
+        saved = _read_state(state, self)
+        if (saved.num_replicas, saved.layout, saved.remainder) == (
             self.num_replicas, self.layout, self.remainder,
         ):
-            self._segments, self._offset = segments, consumed
+            self._stand_at(_Position(saved.epoch, saved.segments, saved.consumed))
         else:
-            self._segments = segments.subset(left)
-        self._pinned = True
+            left = remaining_intervals(saved.segments.length, saved.num_replicas, saved.layout,
+                                       saved.remainder, saved.consumed)
+            self._stand_at(_Position(saved.epoch, saved.segments.subset(left), 0))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy keeps the position, not a live pass or a cached permutation.
+        return {**self.__dict__, "_active": None, "_cached_order": None}
 
     def __repr__(self) -> str:
         options = ", ".join(f"{key}={value!r}" for key, value in self.config().items())
         return f"{type(self).__name__}(rank={self.rank}, {options})"
 
 
-def _chunks(count: int) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` pieces of ``[0, count)``: a small first one, so the first index is quick."""
-    start, size = 0, _FIRST_CHUNK
-    while start < count:
-        yield start, min(count, start + size)
-        start, size = start + size, _CHUNK
+class _Pass:
+    """One iteration over this rank's share from a fixed position.
+
+    Its indices come in chunks through C-level chained list iterators, so handing out an index
+    costs no more than iterating torch's list; the chunk in hand tells how many were yielded.
+    """
+
+    def __init__(self, sampler: DistributedSampler, at: _Position, generation: int) -> None:
+        self.sampler, self.at, self.generation = sampler, at, generation
+        self.length = max(0, sampler._share(at) - at.offset)
+        self._order: Order | None = None
+        self._cursor: tuple[int, Iterator[int]] = (0, iter(()))
+        self.finished = False  # asked for an index after its last one
+
+    def iterator(self) -> Iterator[int]:
+        return itertools.chain.from_iterable(itertools.starmap(self._open, self._pieces()))
+
+    def _pieces(self) -> Iterator[tuple[int, int]]:
+        """``(start, stop)`` chunks of the pass: a small first one, so the first index is quick.
+
+        An empty pass still gives one empty chunk, so asking it for an index begins it.
+        """
+        start, size = 0, _FIRST_CHUNK
+        while True:
+            yield start, min(self.length, start + size)
+            start, size = start + size, _CHUNK
+            if start >= self.length:
+                break
+        self.finished = True  # runs only when the last chunk is used up and one more is asked
+
+    def _open(self, start: int, stop: int) -> Iterator[int]:
+        if self._order is None:  # the first request: the pass begins
+            self.sampler._begin(self)
+            self._order = self.sampler._order_of(self.at.epoch)
+        block = iter(self.sampler._take(self.at, self._order, start, stop).tolist())
+        self._cursor = (stop, block)
+        return block
+
+    @property
+    def yielded(self) -> int:
+        """Indices handed out: the chunk's end less what it still holds."""
+        stop, block = self._cursor
+        return stop - block.__length_hint__()
 
 
-def _size_of(dataset_or_size: object) -> int:
-    if isinstance(dataset_or_size, numbers.Integral) and not isinstance(dataset_or_size, bool):
-        return require_int("dataset size", dataset_or_size, minimum=0)
-    if not hasattr(dataset_or_size, "__len__"):
-        raise TypeError(
-            f"dataset_or_size must be an int or have __len__, got {type(dataset_or_size).__name__}; "
-            "for an iterable dataset pass its size as an int"
-        )
-    return require_int("len(dataset)", len(dataset_or_size), minimum=0)  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class _SavedState:
+    epoch: int
+    layout: str
+    remainder: str
+    num_replicas: int
+    consumed: int
+    segments: Segments
 
 
-def _check_state(state: Mapping[str, Any], sampler: DistributedSampler) -> None:
-    required = ("version", *STATE_IDENTITY, "epoch", "layout", "remainder", "num_replicas",
-                "consumed", "segments")
-    missing = [key for key in required if key not in state]
+def _read_state(state: Mapping[str, Any], sampler: DistributedSampler) -> _SavedState:
+    """The fields of a saved state, each checked, or an error naming the first bad one."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"a sampler state is a dict, got {type(state).__name__}")
+    missing = [key for key in STATE_FIELDS if key not in state]
     if missing:
         raise ValueError(f"not a shardwise sampler state: missing {', '.join(missing)}")
     if state["version"] != STATE_VERSION:
@@ -331,14 +407,53 @@ def _check_state(state: Mapping[str, Any], sampler: DistributedSampler) -> None:
                 f"the state was saved with {key}={state[key]!r} but this sampler has "
                 f"{key}={mine[key]!r}; build the sampler with the saved {key} to resume"
             )
-    require_choice("saved layout", state["layout"], LAYOUTS)
-    require_choice("saved remainder", state["remainder"], REMAINDERS)
-    require_int("saved num_replicas", state["num_replicas"], minimum=1)
+    epoch = sampler._checked_epoch(state["epoch"])
+    layout = require_choice("saved layout", state["layout"], LAYOUTS)
+    remainder = require_choice("saved remainder", state["remainder"], REMAINDERS)
+    world = require_int("saved num_replicas", state["num_replicas"], minimum=1)
+    segments = _read_segments(state["segments"], sampler.size)
+    most = rank_count(segments.length, world, 0, remainder)
     consumed = require_int("saved consumed", state["consumed"], minimum=0)
-    length = Segments.from_state(state["segments"]).length
-    most = rank_count(length, int(state["num_replicas"]), 0, state["remainder"])
     if consumed > most:
         raise ValueError(f"the state says consumed={consumed} but no rank had more than {most}")
+    return _SavedState(epoch, layout, remainder, world, consumed, segments)
+
+
+def _read_segments(pairs: object, size: int) -> Segments:
+    """Saved segments: ``[begin, end)`` pairs, non-empty, sorted, disjoint, inside ``[0, size)``."""
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, (list, tuple)):
+        raise TypeError(f"saved segments must be a list of [begin, end] pairs, got {pairs!r}")
+    previous_end = 0
+    intervals = []
+    for i, pair in enumerate(pairs):
+        name = f"saved segments[{i}]"
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TypeError(f"{name} must be a [begin, end] pair, got {pair!r}")
+        begin, end = (require_int(name, value) for value in pair)
+        if not previous_end <= begin < end <= size:
+            raise ValueError(
+                f"{name} = {list(pair)} must be non-empty, inside [0, {size}) and after the "
+                f"previous segment (which ends at {previous_end}); the state is corrupt"
+            )
+        intervals.append((begin, end))
+        previous_end = end
+    return Segments(tuple(intervals))
+
+
+def _bounds(start: int, stop: int | None, length: int) -> tuple[int, int]:
+    start, stop, _ = slice(start, stop).indices(length)
+    return start, max(start, stop)
+
+
+def _size_of(dataset: object) -> int:
+    if isinstance(dataset, numbers.Integral) and not isinstance(dataset, (bool, np.bool_)):
+        return require_int("dataset size", dataset, minimum=0, maximum=MAX_SIZE)
+    if not hasattr(dataset, "__len__"):
+        raise TypeError(
+            f"dataset must be an int or have __len__, got {type(dataset).__name__}; "
+            "for an iterable dataset pass its size as an int"
+        )
+    return require_int("len(dataset)", len(dataset), minimum=0, maximum=MAX_SIZE)  # type: ignore[arg-type]
 
 
 def _warn_torch_scale(size: int) -> None:
@@ -350,4 +465,3 @@ def _warn_torch_scale(size: int) -> None:
             f"epoch ({size * 8 / 2**30:.1f} GiB); permutation='feistel' needs O(1) memory",
             stacklevel=3,
         )
-

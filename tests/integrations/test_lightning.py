@@ -1,0 +1,68 @@
+"""Under Lightning's defaults (use_distributed_sampler=True) a shardwise sampler is kept as it is.
+
+Lightning replaces any sampler that is not a torch DistributedSampler with its own wrapper, which
+would leave each rank 1/W² of the data; shardwise's sampler is one, so each rank trains on exactly
+its share, and Lightning's set_epoch calls give torch's epochs.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DistributedSampler as TorchSampler
+
+from shardwise import DistributedSampler
+
+lightning = pytest.importorskip("lightning")
+
+SIZE, WORLD, EPOCHS, SEED = 23, 2, 2, 3
+
+
+class Indexed(Dataset):
+    def __len__(self) -> int:
+        return SIZE
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([float(index)])
+
+
+class Recorder(lightning.LightningModule):
+    """Writes each rank's training indices, epoch by epoch, to a file of its own."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        self.folder = folder
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: dict[int, list[int]] = {}
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = DistributedSampler(Indexed(), seed=SEED)  # world and rank from the process group
+        return DataLoader(Indexed(), batch_size=4, sampler=sampler)
+
+    def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
+        self.seen.setdefault(self.current_epoch, []).extend(int(i) for i in batch.flatten())
+        return self.layer(batch).sum()
+
+    def on_train_end(self) -> None:
+        Path(self.folder, f"rank{self.global_rank}.json").write_text(json.dumps(self.seen))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.timeout(300)
+def test_lightning_ddp_keeps_the_sampler_and_trains_each_rank_on_its_share(tmp_path):
+    trainer = lightning.Trainer(
+        accelerator="cpu", devices=WORLD, strategy="ddp_spawn", max_epochs=EPOCHS,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )
+    trainer.fit(Recorder(str(tmp_path)))
+    for rank in range(WORLD):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for epoch in range(EPOCHS):
+            reference = TorchSampler(range(SIZE), WORLD, rank, seed=SEED)
+            reference.set_epoch(epoch)
+            assert seen[str(epoch)] == list(reference), (rank, epoch)

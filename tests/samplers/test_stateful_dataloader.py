@@ -1,0 +1,41 @@
+"""The sampler under torchdata's StatefulDataLoader: its epochs, and its mid-epoch resume."""
+
+import pytest
+import torch
+
+from shardwise import DistributedSampler
+from tests.samplers.test_real_loaders import LOADER_OPTIONS, RANK, SEED, SIZE, WORLD, flat, torch_epoch
+
+pytestmark = pytest.mark.timeout(120)
+
+torchdata = pytest.importorskip("torchdata.stateful_dataloader")
+
+
+@pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
+def test_stateful_dataloader_resumes_mid_epoch(options):
+    data = torch.arange(SIZE)
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    sampler.set_epoch(2)
+    seen, saved, cut = [], None, 0
+    for step, batch in enumerate(loader):
+        seen.extend(flat([batch]))
+        if step == 2:
+            saved, cut = loader.state_dict(), len(seen)
+    assert seen == torch_epoch(2)
+
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    loader.load_state_dict(saved)
+    sampler.set_epoch(2)
+    assert flat(loader) == seen[cut:]  # the restored position survives the loader's iter() calls
+    sampler.set_epoch(3)
+    assert flat(loader) == torch_epoch(3)
+
+
+@pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
+def test_stateful_dataloader_epochs_without_set_epoch(options):
+    data = torch.arange(SIZE)
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    assert [flat(loader) for _ in range(3)] == [torch_epoch(e) for e in range(3)]
