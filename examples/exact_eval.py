@@ -1,4 +1,4 @@
-"""Exact distributed evaluation on seed 001's set: 7 samples, 3 ranks, batch size 2.
+"""Exact distributed evaluation on a 7-sample set over 3 ranks, batch size 2.
 
 torch's DistributedSampler pads 7 samples to 9 so every rank runs 2 steps, and summing the
 ranks' results then counts samples 0 and 1 twice. shardwise gives the single-process metric:
@@ -19,7 +19,7 @@ import torch.utils.data as tud
 
 import shardwise
 
-SAMPLES = torch.arange(1.0, 8.0)  # seed 001's data: 1, 2, ..., 7
+SAMPLES = torch.arange(1.0, 8.0)  # the samples are 1, 2, ..., 7
 LABELS = torch.tensor([1, 1, 0, 1, 0, 1, 0])
 BATCH = 2
 
@@ -53,7 +53,7 @@ def summed(hits: torch.Tensor) -> tuple[int, int]:
 def evaluate() -> str:
     """Run on every rank; returns the report (rank 0) or ``""``."""
     data = EvalSet()
-    lines = [f"seed 001: {len(data)} samples, {dist.get_world_size()} ranks, batch {BATCH}"]
+    lines = [f"{len(data)} samples, {dist.get_world_size()} ranks, batch {BATCH}"]
 
     # torch's sampler: every rank 2 steps, 9 samples in all.
     sampler = tud.DistributedSampler(data, shuffle=False)
