@@ -8,6 +8,7 @@ from shardwise.distributed import (
     gather_by_index,
 )
 from shardwise.distributed.launch import spawn_local
+from shardwise.loader import DataLoader, LoaderStats
 from shardwise.samplers import DistributedSampler
 
 __version__ = "0.2.0"  # the one place the version is written: pyproject.toml reads it from here
@@ -15,8 +16,10 @@ __version__ = "0.2.0"  # the one place the version is written: pyproject.toml re
 __all__ = [
     "__version__",
     "Coverage",
+    "DataLoader",
     "DistributedSampler",
     "InconsistentRanksError",
+    "LoaderStats",
     "check_consistent",
     "coverage",
     "gather_by_index",

@@ -1,0 +1,226 @@
+"""``shardwise.DataLoader``: torch's DataLoader, argument for argument, that resumes exactly and
+moves batches through shared memory instead of pickling them."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch.utils.data import Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader as TorchDataLoader
+
+from shardwise.checks import require_choice
+from shardwise.distributed.consistency import check_consistent
+from shardwise.loader.iterator import LoaderIterator
+from shardwise.loader.position import PassRecord, Resume, loader_state, read_state
+from shardwise.loader.progress import EpochBar
+from shardwise.loader.stats import LoaderStats
+from shardwise.samplers import DistributedSampler
+
+WORKER_TYPES = ("process", "thread")
+
+
+class DataLoader(TorchDataLoader):
+    """torch's ``DataLoader`` with the same arguments, errors and batches, plus what it lacks.
+
+    Replacing the import is all it takes: for the same arguments and seeds it yields the same
+    batches as ``torch.utils.data.DataLoader``. On top of that:
+
+    - ``state_dict()`` / ``load_state_dict()`` count the batches delivered to you, however far
+      the workers ran ahead, and resume at exactly the next one: in O(1) through a shardwise
+      sampler (on any world size), by replaying the random draws and skipping indices for
+      torch's samplers. torchdata and Lightning can save it (it is ``Stateful``).
+    - Worker processes return batches through reusable shared memory, collated once, in the
+      worker; ``worker_type="thread"`` runs workers as threads for GIL-releasing work.
+    - A worker's exception is raised here with the worker and the batch's indices; a worker that
+      dies is reported with its exit code or signal at once; nothing is left behind.
+    - ``device="cuda"`` copies the next batch on a side stream while you train on this one.
+    - ``stats`` (throughput, time spent waiting for data), ``progress=True`` (a progress bar),
+      and, with a process group up, a check at each epoch that every rank's sampler agrees
+      (``verify=False`` to skip it).
+    - ``distributed=True`` builds a :class:`shardwise.DistributedSampler` from ``shuffle``,
+      ``drop_last`` and ``seed``.
+
+    Example::
+
+        >>> loader = DataLoader(torch.arange(10), batch_size=4)
+        >>> [batch.tolist() for batch in loader]
+        [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[Sequence[Any]] | Iterable[Sequence[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        worker_type: str = "process",
+        device: str | torch.device | None = None,
+        progress: bool = False,
+        verify: bool = True,
+        distributed: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if distributed:
+            if sampler is not None or batch_sampler is not None:
+                raise ValueError("distributed=True builds the sampler from shuffle, drop_last and "
+                                 "seed; pass a sampler or distributed=True, not both")
+            if isinstance(dataset, IterableDataset):
+                raise ValueError("distributed=True splits a dataset by index; split an "
+                                 "IterableDataset over the ranks inside the dataset instead")
+            sampler = DistributedSampler(dataset, shuffle=bool(shuffle), seed=seed,
+                                         drop_last=drop_last)
+            shuffle = None
+        worker_type = require_choice("worker_type", worker_type, WORKER_TYPES)
+        if worker_type == "thread" and multiprocessing_context is not None:
+            raise ValueError("multiprocessing_context starts worker processes, but "
+                             "worker_type='thread' runs threads: pass one of them")
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+        )
+        self.worker_type = worker_type
+        self.progress = progress
+        self.verify = verify
+        self.seed = seed
+        self._device = _cuda_device(device)
+        self._pinning = pin_memory and _accelerator_available()
+        self._resume: Resume | None = None
+        self._loaded: dict[str, Any] | None = None
+        self._record: PassRecord | None = None
+        self._pass: LoaderIterator | None = None
+        self._bar: EpochBar | None = None
+
+    # -- iteration -------------------------------------------------------------------------------
+
+    def _get_iterator(self) -> LoaderIterator:
+        if self.pin_memory and self.pin_memory_device:
+            warnings.warn(
+                "pin_memory_device is deprecated, the current accelerator will be used as the "
+                f"device,ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=3)
+        if self.pin_memory and not self._pinning:  # torch's own words
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
+                          "then device pinned memory won't be used.", stacklevel=3)
+        if self.num_workers:
+            self.check_worker_number_rationality()
+        return LoaderIterator(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        """``set_epoch`` on the loader's sampler (or its batch sampler's), for one-line loops."""
+        for owner in (self.sampler, getattr(self.batch_sampler, "sampler", None),
+                      self.batch_sampler):
+            if callable(getattr(owner, "set_epoch", None)):
+                owner.set_epoch(epoch)
+                return
+        raise TypeError(f"this loader's sampler ({type(self.sampler).__name__}) has no set_epoch")
+
+    # -- the position ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the epoch stands: the batches delivered so far, enough to resume at the next.
+
+        Built when asked for; costs nothing per step. Pass it to :meth:`load_state_dict` on a
+        loader built the same way (with a shardwise sampler, on any world size).
+        """
+        if self._record is None and self._loaded is not None:
+            return self._loaded
+        return loader_state(self, self._record)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next pass continue the saved one at its next undelivered batch."""
+        self._resume = read_state(self, state)
+        self._loaded, self._record = state, None
+
+    @property
+    def stats(self) -> LoaderStats:
+        """The current (or last) pass: batches, samples per second, time waiting for data."""
+        if self._pass is None:
+            return LoaderStats(0, 0, 0.0, 0.0)
+        return self._pass.clock.stats(self._pass.record.batches, self._pass.record.samples)
+
+    # -- hooks the iterator calls ----------------------------------------------------------------
+
+    def _take_resume(self) -> Resume | None:
+        resume, self._resume = self._resume, None
+        return resume
+
+    def _on_pass_start(self, current: LoaderIterator) -> None:
+        if self.verify and _group_size() > 1:
+            sampler = _configured_sampler(self)
+            if sampler is not None:
+                check_consistent(sampler)
+        self._pass, self._record, self._loaded = current, current.record, None
+        if self.progress:
+            self._bar = EpochBar(_length(self), getattr(self.sampler, "epoch", None))
+
+    def _on_batch(self, current: LoaderIterator) -> None:
+        if self._bar is not None:
+            self._bar.advance()
+
+    def _on_pass_end(self, current: LoaderIterator) -> None:
+        if self._bar is not None:
+            self._bar.close(self.stats)
+            self._bar = None
+
+
+def _configured_sampler(loader: DataLoader) -> Any | None:
+    for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        if callable(getattr(sampler, "config", None)) and callable(
+                getattr(sampler, "fingerprint", None)):
+            return sampler
+    return None
+
+
+def _group_size() -> int:
+    return torch_dist.get_world_size() if torch_dist.is_available() and \
+        torch_dist.is_initialized() else 1
+
+
+def _length(loader: DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _accelerator_available() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return accelerator.is_available()
+    return torch.cuda.is_available()
+
+
+def _cuda_device(device: str | torch.device | None) -> torch.device | None:
+    """The CUDA device to copy batches to, or ``None`` (no device, the CPU, or no CUDA here)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"device={str(device)!r}: batches are copied ahead to 'cuda' devices "
+                         "(or left on the 'cpu')")
+    if not torch.cuda.is_available():
+        warnings.warn(f"device={str(device)!r} was given but CUDA is not available: batches "
+                      "stay on the CPU", stacklevel=3)
+        return None
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())

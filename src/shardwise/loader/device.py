@@ -1,0 +1,105 @@
+"""Stages between the workers and the caller: pinning in a background thread, and a copy to the
+GPU on a side stream that is done by the time the training step asks for the batch."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from shardwise.loader.transport import map_containers
+
+
+class Background(Iterator[Any]):
+    """Runs ``source`` in a thread, up to ``ahead`` items ahead of the caller.
+
+    Errors (and the end) reach the caller in order, in the caller's thread.
+
+    >>> list(Background(iter(range(5)), ahead=2))
+    [0, 1, 2, 3, 4]
+    """
+
+    def __init__(self, source: Iterator[Any], ahead: int) -> None:
+        self._items: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=max(1, ahead))
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source,), daemon=True,
+                                        name="shardwise-background")
+        self._thread.start()
+
+    def _run(self, source: Iterator[Any]) -> None:
+        while True:
+            try:
+                item: tuple[bool, Any] = (True, next(source))
+            except BaseException as error:  # noqa: BLE001 - StopIteration too: all go to the caller
+                item = (False, error)
+            while not self._stopping.is_set():
+                try:
+                    self._items.put(item, timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+            if self._stopping.is_set() or not item[0]:
+                return
+
+    def __next__(self) -> Any:
+        ok, value = self._items.get()
+        if ok:
+            return value
+        raise value
+
+    def close(self) -> None:
+        """Stop the thread (after the item it is working on) and wait for it."""
+        self._stopping.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+class ToDevice(Iterator[tuple[Any, int]]):
+    """Copies each batch's tensors to a CUDA device on a side stream, one batch ahead.
+
+    When the caller takes batch ``k``, its copy was issued while the caller worked on ``k - 1``;
+    the caller's stream waits only for what is still in flight, and each tensor is recorded on
+    it so the memory is not reused too early.
+    """
+
+    def __init__(self, source: Iterator[tuple[Any, int]], device: torch.device) -> None:
+        self._source, self._device = source, device
+        self._stream = torch.cuda.Stream(device)
+        self._next = self._issue()
+
+    def _issue(self) -> tuple[Any, int] | None:
+        try:
+            batch, count = next(self._source)
+        except StopIteration:
+            return None
+        with torch.cuda.stream(self._stream):
+            return _to(batch, self._device), count
+
+    def __next__(self) -> tuple[Any, int]:
+        ready = self._next
+        if ready is None:
+            raise StopIteration
+        current = torch.cuda.current_stream(self._device)
+        current.wait_stream(self._stream)
+        _record(ready[0], current)
+        self._next = self._issue()
+        return ready
+
+    def close(self) -> None:
+        self._next = None
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    return map_containers(lambda item: _to(item, device), batch)
+
+
+def _record(batch: Any, stream: Any) -> None:
+    if isinstance(batch, torch.Tensor):
+        batch.record_stream(stream)
+    else:
+        map_containers(lambda item: _record(item, stream), batch)

@@ -1,0 +1,252 @@
+"""One pass over a loader: tasks out to the workers, batches back in order, the count kept.
+
+The bookkeeping follows torch's multi-process iterator: task ids in sampler order, at most
+``prefetch_factor`` tasks per worker in flight, handed out round-robin, and a reorder buffer
+(``in_order=True``) or first-come delivery (``in_order=False``). It draws from the random
+generators in the same order as torch's, so the same seeds give the same batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
+from torch.utils.data.dataloader import _DatasetKind
+
+from shardwise.loader.device import Background, ToDevice
+from shardwise.loader.pools import Event, ProcessPool, ThreadPool, start_method_context
+from shardwise.loader.position import PassRecord, new_record, replayed_randomness
+from shardwise.loader.stats import Clock
+from shardwise.loader.workers import WorkerSpec
+
+
+@dataclass
+class _Task:
+    worker: int
+    count: int  # indices behind the batch
+    event: Event | None = None
+
+
+class LoaderIterator(Iterator[Any]):
+    """What ``iter(loader)`` returns. With persistent workers the loader reuses it every epoch."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        self._workers = loader.num_workers
+        self._auto = loader._auto_collation
+        self._pool: ProcessPool | ThreadPool | None = None
+        self._closer: weakref.finalize | None = None
+        self._stages: list[Any] = []
+        self._begin(first=True)
+
+    # -- a pass ----------------------------------------------------------------------------------
+
+    def _reset(self, loader: Any) -> None:
+        """The next epoch on the same (persistent) workers: torch's name for it."""
+        self._stop_stages()
+        self._begin(first=False)
+
+    def _begin(self, first: bool) -> None:
+        loader = self._loader
+        resume = loader._take_resume()
+        self.record: PassRecord = new_record(loader)
+        replay = resume is not None and bool(resume.randomness)
+        with replayed_randomness(loader, resume.randomness) if replay else nullcontext():
+            # torch's order of draws: an iterator, the base seed, workers, then a second iterator
+            self._indices = iter(loader._index_sampler)
+            if resume is None:
+                if first:
+                    self._base_seed = self._draw_base_seed()
+                self.record.drew_base_seed = first
+            else:  # the saved seed, so workers are seeded as before; draws stay aligned
+                if replay and resume.drew_base_seed:
+                    self._draw_base_seed()
+                if first:
+                    self._base_seed = resume.base_seed
+                self.record.drew_base_seed = resume.drew_base_seed
+                self.record.randomness = resume.randomness or self.record.randomness
+                self.record.resumed_batches = resume.resumed_batches
+            self.record.base_seed = self._base_seed
+            if self._workers:
+                if first:
+                    self._pool = self._start_pool()
+                else:
+                    self._pool.new_epoch()
+                self._indices = iter(loader._index_sampler)
+            skip = resume.skip if resume is not None else 0
+            self._drop = 0
+            if skip and loader._dataset_kind == _DatasetKind.Map:
+                for _ in itertools.islice(self._indices, skip):
+                    pass  # the delivered batches' indices: nothing is loaded for them
+            else:
+                self._drop = skip  # a stream: its delivered batches are loaded again and dropped
+            if replay:  # what a sampler draws lazily is drawn now, from the restored state
+                self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
+                                                self._indices)
+        self.clock = Clock(self._workers)
+        self._fetcher = None if self._workers else _DatasetKind.create_fetcher(
+            loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
+        self._sent = self._received = 0
+        self._tasks: dict[int, _Task] = {}
+        self._active = [True] * self._workers
+        self._in_flight = [0] * self._workers
+        self._cycle = itertools.cycle(range(self._workers))
+        for _ in range((loader.prefetch_factor or 0) * self._workers):
+            self._dispatch()
+        self._source: Iterator[tuple[Any, int]] = self._produce()
+        if loader._pinning:  # pinned off the main thread, a few batches ahead
+            self._source = self._stage(Background(self._source, loader.prefetch_factor or 2))
+        if loader._device is not None:
+            self._source = self._stage(ToDevice(self._source, loader._device))
+        loader._on_pass_start(self)
+
+    def _draw_base_seed(self) -> int:
+        return int(torch.empty((), dtype=torch.int64).random_(generator=self._loader.generator)
+                   .item())
+
+    def _start_pool(self) -> ProcessPool | ThreadPool:
+        loader = self._loader
+        spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
+                          loader.drop_last, loader.worker_init_fn, self._workers,
+                          loader.prefetch_factor)
+        if loader.worker_type == "thread":
+            pool: ProcessPool | ThreadPool = ThreadPool(spec)
+        else:
+            context = start_method_context(loader.multiprocessing_context)
+            pool = ProcessPool(spec, self._base_seed, context, pin=loader._pinning)
+        self._closer = weakref.finalize(self, pool.close)  # on garbage collection and at exit
+        return pool
+
+    def _stage(self, stage: Any) -> Any:
+        self._stages.append(stage)
+        return stage
+
+    def _stop_stages(self) -> None:
+        for stage in reversed(self._stages):
+            stage.close()
+        self._stages = []
+
+    # -- delivery --------------------------------------------------------------------------------
+
+    def __iter__(self) -> LoaderIterator:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            asked = time.perf_counter()
+            try:
+                batch, count = next(self._source)
+            except StopIteration:
+                self.record.finished = True
+                self._loader._on_pass_end(self)
+                if not self._loader.persistent_workers:
+                    self.close()
+                raise
+            except BaseException:
+                self.close()  # a failed pass stops its workers at once
+                raise
+            self.clock.waited(time.perf_counter() - asked)
+            if self._drop:
+                self._drop -= 1
+                continue
+            self.record.batches += 1
+            self.record.samples += count
+            self._loader._on_batch(self)
+            return batch
+
+    def _produce(self) -> Iterator[tuple[Any, int]]:
+        """``(batch, indices behind it)`` in delivery order, until the pass ends."""
+        pinning = self._loader._pinning
+        while True:
+            try:
+                if self._fetcher is not None:  # no workers: fetch right here
+                    index = next(self._indices)
+                    batch, count = self._fetcher.fetch(index), len(index) if self._auto else 1
+                else:
+                    batch, count = self._next_from_workers()
+            except StopIteration:
+                return
+            if pinning and not isinstance(self._pool, ProcessPool):  # processes pin as they copy
+                batch = pin_batch(batch)
+            yield batch, count
+
+    def _next_from_workers(self) -> tuple[Any, int]:
+        while True:
+            while self._received < self._sent:  # pass over tasks of workers whose stream ended
+                task = self._tasks.get(self._received)
+                if task is not None and (task.event is not None or self._active[task.worker]):
+                    break
+                self._tasks.pop(self._received, None)
+                self._received += 1
+            else:
+                raise StopIteration
+            task = self._tasks[self._received]
+            if task.event is not None:
+                del self._tasks[self._received]
+                self._received += 1
+                return self._deliver(task)
+            event = self._wait()
+            if event.kind == "end":
+                self._active[event.worker] = False
+                self._dispatch()
+                continue
+            done = self._tasks[event.task_id]
+            done.event = event
+            if event.task_id == self._received:
+                del self._tasks[event.task_id]
+                self._received += 1
+                return self._deliver(done)
+            if not self._loader.in_order:
+                del self._tasks[event.task_id]
+                self.record.out_of_order = True
+                return self._deliver(done)
+
+    def _wait(self) -> Event:
+        event = self._pool.receive(self._loader.timeout or None)
+        if event is None:
+            raise RuntimeError(f"DataLoader timed out after {self._loader.timeout} seconds")
+        self.clock.worked(event.worker, event.busy)
+        return event
+
+    def _deliver(self, task: _Task) -> tuple[Any, int]:
+        self._in_flight[task.worker] -= 1
+        self._dispatch()
+        if task.event.kind == "error":
+            task.event.payload.reraise()
+        return task.event.payload, task.count
+
+    def _dispatch(self) -> None:
+        """Send the next indices to the next worker with room, as torch's loader does."""
+        if not any(self._active):
+            return
+        room = (self._loader.prefetch_factor * self._workers) // sum(self._active)
+        for _ in range(self._workers):
+            worker = next(self._cycle)
+            if self._active[worker] and (self._loader.in_order or self._in_flight[worker] < room):
+                break
+        else:
+            return
+        try:
+            index = next(self._indices)
+        except StopIteration:
+            return
+        self._pool.submit(worker, self._sent, index)
+        self._tasks[self._sent] = _Task(worker, len(index) if self._auto else 1)
+        self._in_flight[worker] += 1
+        self._sent += 1
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def close(self) -> None:
+        """Stop the workers now; they also stop when the iterator is garbage-collected."""
+        self._stop_stages()
+        if self._closer is not None:
+            self._closer()

@@ -1,0 +1,305 @@
+"""The workers as the main process sees them: hand a task to a worker, take what comes back.
+
+Two kinds, one interface. :class:`ProcessPool` runs worker processes, each on one duplex pipe,
+and notices a dead worker the moment it dies: the pipes and the processes' sentinels are waited
+on together. :class:`ThreadPool` runs worker threads in this process, for work that releases the
+GIL (NumPy, decoding, I/O), with no copies at all.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+from torch.utils.data.dataloader import _DatasetKind
+
+from shardwise.loader.transport import SharedSlot, receive, send, unpack
+from shardwise.loader.workers import WorkerSpec, process_worker, task_failure
+
+# A stopped worker gets this long to exit before it is killed: it holds nothing worth saving.
+_GRACE_SECONDS = 0.5
+
+
+@dataclass
+class Event:
+    """What a worker sent back: a ``"batch"``, an ``"error"``, the ``"end"`` of its stream."""
+
+    kind: str
+    task_id: int
+    worker: int
+    payload: Any = None  # the batch, or the worker's ExceptionWrapper
+    busy: float = 0.0  # seconds the worker spent on the task
+
+
+class WorkerDied(RuntimeError):
+    """A worker process exited while the loader still needed it."""
+
+
+def start_method_context(requested: Any) -> Any:
+    """The multiprocessing context for worker processes.
+
+    The one asked for, else the one set with ``set_start_method``, else ``fork`` where it is safe
+    (no CUDA context yet: a forked child cannot use it), else ``forkserver`` or ``spawn``.
+    """
+    if requested is not None:
+        return requested
+    chosen = mp.get_start_method(allow_none=True)
+    if chosen is not None:
+        return mp.get_context(chosen)
+    methods = mp.get_all_start_methods()
+    if "fork" in methods and not torch.cuda.is_initialized():
+        return mp.get_context("fork")
+    return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+class ProcessPool:
+    """Worker processes, each fed tasks on its own pipe and returning batches in shared memory."""
+
+    def __init__(self, spec: WorkerSpec, base_seed: int, context: Any, pin: bool) -> None:
+        self.num_workers, self.pin = spec.num_workers, pin
+        self.conns: list[Connection] = []
+        self.procs: list[Any] = []
+        self.slots: list[list[SharedSlot | None]] = []
+        self._epoch = 0
+        for worker in range(spec.num_workers):
+            ours, theirs = context.Pipe(duplex=True)
+            proc = context.Process(target=process_worker, args=(theirs, spec, worker, base_seed),
+                                   name=f"shardwise-worker-{worker}", daemon=True)
+            proc.start()
+            theirs.close()
+            self.conns.append(ours)
+            self.procs.append(proc)
+            self.slots.append([None] * spec.slots)
+        # One poller for the pipes and the process sentinels, made once: a dead worker wakes it.
+        self._poller = select.poll()
+        self._pipes = {conn.fileno(): worker for worker, conn in enumerate(self.conns)}
+        self._sentinels = {proc.sentinel: worker for worker, proc in enumerate(self.procs)}
+        for fd in (*self._pipes, *self._sentinels):
+            self._poller.register(fd, select.POLLIN)
+
+    def submit(self, worker: int, task_id: int, index: Any) -> None:
+        send(self.conns[worker], ("task", task_id, index))
+
+    def receive(self, timeout: float | None) -> Event | None:
+        """The next thing any worker sent; ``None`` when ``timeout`` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            ready = [fd for fd, _ in self._poller.poll(left)]
+            if not ready:
+                return None
+            for worker in (self._pipes[fd] for fd in ready if fd in self._pipes):
+                try:
+                    event = self._read(worker)
+                except (EOFError, OSError):  # its end of the pipe closed: it died
+                    raise WorkerDied(self._death_notice(worker)) from None
+                if event is not None:
+                    return event
+            for worker in (self._sentinels[fd] for fd in ready if fd in self._sentinels):
+                if not self.conns[worker].poll(0):  # it has nothing more to say: it is gone
+                    raise WorkerDied(self._death_notice(worker))
+
+    def _read(self, worker: int) -> Event | None:
+        conn = self.conns[worker]
+        message = receive(conn)
+        kind = message[0]
+        if kind == "slot":  # a new (larger) slot: its descriptor follows on the pipe
+            slot_id, size = message[1], message[2]
+            old, self.slots[worker][slot_id] = self.slots[worker][slot_id], None
+            if old is not None:
+                old.close()
+            self.slots[worker][slot_id] = SharedSlot(size, reduction.recv_handle(conn))
+            return None
+        if kind == "batch":
+            _, task_id, slot_id, tree, offsets, busy = message
+            slot = self.slots[worker][slot_id]
+            batch = unpack(tree, offsets, slot, pin=self.pin)
+            slot.full = False  # copied out: the worker may fill it again
+            return Event("batch", task_id, worker, batch, busy)
+        if kind == "error":
+            return Event("error", message[1], worker, message[2], message[3])
+        if kind == "end":
+            return Event("end", message[1], worker)
+        if kind == "epoch":
+            return Event("epoch", message[1], worker)
+        raise AssertionError(f"unexpected message {kind!r} from DataLoader worker {worker}")
+
+    def new_epoch(self) -> None:
+        """Persistent workers: drop what is still in flight and start the dataset afresh."""
+        self._epoch += 1
+        for conn in self.conns:
+            send(conn, ("epoch", self._epoch))
+        waiting = set(range(self.num_workers))
+        while waiting:
+            event = self.receive(None)
+            if event is not None and event.kind == "epoch" and event.task_id == self._epoch:
+                waiting.discard(event.worker)
+
+    def close(self) -> None:
+        """Stop every worker: a moment to finish the sample at hand, then it is killed."""
+        for conn in self.conns:
+            try:
+                send(conn, ("stop",))
+            except OSError:
+                pass  # already gone
+        deadline = time.monotonic() + _GRACE_SECONDS
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+        for slots in self.slots:
+            for slot in slots:
+                if slot is not None:
+                    slot.close()
+        self.conns, self.procs, self.slots = [], [], []
+
+    def _death_notice(self, worker: int) -> str:
+        proc = self.procs[worker]
+        proc.join(1.0)  # reap it, so its exit code is known
+        code = proc.exitcode
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            cause = {"SIGKILL": " (often the out-of-memory killer)",
+                     "SIGSEGV": " (a crash in native code)",
+                     "SIGBUS": " (shared memory ran out)"}.get(name, "")
+            how = f"was killed by {name} (signal {-code}){cause}"
+        else:
+            how = f"exited unexpectedly with exit code {code}"
+        return (f"DataLoader worker {worker} (pid {proc.pid}) {how}; "
+                "the other workers were stopped")
+
+
+class ThreadPool:
+    """Worker threads in this process: batches come back as they are, with no copy.
+
+    For an ``IterableDataset`` the threads share one iterator and take their batches from it in
+    task order, so the stream is read once, in order, as with no workers at all.
+    """
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.num_workers = spec.num_workers
+        self.spec = spec
+        self.results: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.tasks: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(spec.num_workers)]
+        self._stopping = threading.Event()
+        self._epoch = 0
+        self._start_epoch()
+        self.threads = [
+            threading.Thread(target=self._work, args=(worker,), daemon=True,
+                             name=f"shardwise-worker-{worker}")
+            for worker in range(spec.num_workers)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _start_epoch(self) -> None:
+        if self.spec.kind == _DatasetKind.Iterable:
+            self.fetch: Callable[[int, Any], Any] = SharedStream(self.spec).fetch
+        else:
+            fetcher = _DatasetKind.create_fetcher(self.spec.kind, self.spec.dataset,
+                                                  self.spec.auto_collation,
+                                                  self.spec.collate_fn, self.spec.drop_last)
+            self.fetch = lambda task_id, index: fetcher.fetch(index)
+
+    def submit(self, worker: int, task_id: int, index: Any) -> None:
+        self.tasks[worker].put((task_id, index))
+
+    def receive(self, timeout: float | None) -> Event | None:
+        try:
+            return self.results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def new_epoch(self) -> None:
+        self._epoch += 1
+        for tasks in self.tasks:
+            tasks.put(("epoch", self._epoch))
+        waiting = set(range(self.num_workers))
+        while waiting:  # every thread has finished what it held: the stream can start over
+            event = self.results.get()
+            if event.kind == "epoch" and event.task_id == self._epoch:
+                waiting.discard(event.worker)
+        self._start_epoch()
+
+    def close(self) -> None:
+        """Stop the threads after the batch each is on (a thread cannot be interrupted)."""
+        self._stopping.set()
+        for tasks in self.tasks:
+            tasks.put(None)
+        deadline = time.monotonic() + _GRACE_SECONDS
+        for thread in self.threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        self.threads = []  # a thread still busy is a daemon: it ends with its batch
+
+    def _work(self, worker: int) -> None:
+        while (task := self.tasks[worker].get()) is not None and not self._stopping.is_set():
+            task_id, index = task
+            if task_id == "epoch":
+                self.results.put(Event("epoch", index, worker))
+                continue
+            started = time.perf_counter()
+            try:
+                event = Event("batch", task_id, worker, self.fetch(task_id, index))
+            except Exception as error:  # noqa: BLE001 - re-raised by the caller
+                if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
+                    event = Event("end", task_id, worker)
+                else:
+                    event = Event("error", task_id, worker, task_failure(worker, index))
+            event.busy = time.perf_counter() - started
+            self.results.put(event)
+
+
+class SharedStream:
+    """One iterator over an ``IterableDataset``, read a batch at a time in task order by threads.
+
+    The thread with task ``k`` waits until tasks ``0 .. k-1`` have taken their items, takes its
+    own, and collates them outside the lock.
+    """
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.iterator = iter(spec.dataset)
+        self.ended = False
+        self.turn = 0
+        self.changed = threading.Condition()
+
+    def fetch(self, task_id: int, index: Any) -> Any:
+        with self.changed:
+            self.changed.wait_for(lambda: self.turn == task_id)
+            try:
+                items = self._take(index)
+            finally:
+                self.turn += 1
+                self.changed.notify_all()
+        return self.spec.collate_fn(items)
+
+    def _take(self, index: Any) -> Any:
+        """The items of one batch, as torch's iterable fetcher takes them."""
+        if self.ended:
+            raise StopIteration
+        if not self.spec.auto_collation:
+            return next(self.iterator)
+        items = []
+        for _ in index:
+            try:
+                items.append(next(self.iterator))
+            except StopIteration:
+                self.ended = True
+                break
+        if not items or (self.spec.drop_last and len(items) < len(index)):
+            raise StopIteration
+        return items

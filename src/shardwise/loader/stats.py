@@ -1,0 +1,71 @@
+"""What a loader did: batches, samples per second, and how long the caller waited for data."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One worker's share of a pass: batches made and seconds spent making them."""
+
+    worker: int
+    batches: int
+    busy_seconds: float
+
+    @property
+    def batches_per_second(self) -> float:
+        """Batches per second of this worker's busy time."""
+        return self.batches / self.busy_seconds if self.busy_seconds else 0.0
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A pass so far. ``stall`` is the share of the pass the caller spent waiting for data.
+
+    >>> LoaderStats(batches=10, samples=640, seconds=2.0, waiting_seconds=0.5).stall
+    0.25
+    """
+
+    batches: int
+    samples: int
+    seconds: float  # since the pass began
+    waiting_seconds: float  # inside next(), waiting for a batch
+    workers: tuple[WorkerStats, ...] = ()
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.seconds if self.seconds else 0.0
+
+    @property
+    def stall(self) -> float:
+        return self.waiting_seconds / self.seconds if self.seconds else 0.0
+
+    def __str__(self) -> str:
+        return (f"{self.batches} batches, {self.samples} samples in {self.seconds:.2f} s: "
+                f"{self.samples_per_second:,.0f} samples/s; waited for data "
+                f"{self.waiting_seconds:.2f} s ({self.stall:.0%})")
+
+
+class Clock:
+    """The running counts behind :class:`LoaderStats`, kept by a pass as it goes."""
+
+    def __init__(self, workers: int) -> None:
+        self.started = time.perf_counter()
+        self.waiting = 0.0
+        self.made = [0] * workers
+        self.busy = [0.0] * workers
+
+    def waited(self, seconds: float) -> None:
+        self.waiting += seconds
+
+    def worked(self, worker: int, seconds: float) -> None:
+        self.made[worker] += 1
+        self.busy[worker] += seconds
+
+    def stats(self, batches: int, samples: int) -> LoaderStats:
+        workers = tuple(WorkerStats(w, made, busy)
+                        for w, (made, busy) in enumerate(zip(self.made, self.busy)))
+        return LoaderStats(batches, samples, time.perf_counter() - self.started, self.waiting,
+                           workers)

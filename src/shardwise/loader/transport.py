@@ -1,0 +1,251 @@
+"""Batches between processes through reusable shared memory: arrays as bytes, the rest pickled.
+
+A worker process owns a few slots, each an anonymous shared mapping (``memfd`` where the system
+has it, else an already-unlinked file) whose descriptor it hands to the main process once. No
+slot has a name, so nothing is left in ``/dev/shm`` when a process dies, and ``/dev/shm``'s size
+limit (64 MiB in a default Docker container) does not apply. A batch's tensors and NumPy arrays
+are written into a slot (default collation stacks them there directly, so they are written once);
+only a small message travels through the pipe: the batch's structure, with each array replaced
+by where it lies in the slot. The main process copies the arrays out and hands the slot back.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import mmap
+import os
+import pickle
+import tempfile
+from multiprocessing.connection import Connection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+ALIGN = 64  # every array starts on a cache line, so any dtype can be viewed in place
+HEADER = ALIGN  # a slot's first bytes: the flag that it holds a batch
+Array = torch.Tensor | np.ndarray
+
+
+class SharedSlot:
+    """An anonymous shared mapping of ``size`` bytes: made by a worker, adopted by the main process.
+
+    Its first byte says whether it holds a batch the main process has not copied out yet: the
+    worker sets it when it sends a batch, the main process clears it once the batch is copied,
+    so handing a slot back costs no message. Arrays start after that header.
+
+    >>> slot = SharedSlot(4096)
+    >>> slot.full, slot.bytes(HEADER, 3).numpy().tolist()
+    (False, [0, 0, 0])
+    >>> slot.close()
+    """
+
+    def __init__(self, size: int, fd: int | None = None) -> None:
+        self.size = size
+        if fd is None:
+            fd = _anonymous_file(size)
+        self.fd = fd
+        self.buffer = mmap.mmap(fd, size)
+        self._base = torch.frombuffer(self.buffer, dtype=torch.uint8, count=size)
+
+    @property
+    def full(self) -> bool:
+        return bool(self._base[0])
+
+    @full.setter
+    def full(self, value: bool) -> None:
+        self._base[0] = int(value)
+
+    def bytes(self, offset: int, count: int) -> torch.Tensor:
+        """A uint8 tensor over ``count`` bytes of the slot from ``offset`` (shared, not copied)."""
+        return self._base[offset : offset + count]
+
+    def holds(self, tensor: torch.Tensor) -> int | None:
+        """Where ``tensor``'s data starts in this slot, or ``None`` when it lies elsewhere."""
+        start = tensor.data_ptr() - self._base.data_ptr()
+        inside = 0 <= start and start + tensor.numel() * tensor.element_size() <= self.size
+        return start if inside and tensor.is_contiguous() else None
+
+    def close(self) -> None:
+        """Unmap and close; tensors over the slot must be gone by now."""
+        del self._base
+        self.buffer.close()
+        os.close(self.fd)
+
+
+def _anonymous_file(size: int) -> int:
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("shardwise-slot", os.MFD_CLOEXEC)
+    else:  # unlinked at once: only the descriptor keeps it
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryFile(dir=folder) as handle:
+            fd = os.dup(handle.fileno())
+    os.ftruncate(fd, size)
+    return fd
+
+
+def send(conn: Connection, message: Any) -> None:
+    """Send a small message with plain pickle.
+
+    ``Connection.send`` builds a multiprocessing pickler per call, whose copy of the reducer
+    table torch has extended costs more than the rest of a batch's messages together.
+    """
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn: Connection) -> Any:
+    """The next message :func:`send` sent on ``conn``."""
+    return pickle.loads(conn.recv_bytes())
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where the ``index``-th array of a batch went: kept in the message instead of the array."""
+
+    index: int
+    numpy: bool
+    dtype: Any  # a torch.dtype, or a NumPy dtype when ``numpy``
+    shape: tuple[int, ...]
+
+
+class Arena:
+    """Places a batch's arrays one after another in a slot (a bump allocator).
+
+    Default collation allocates its stacked tensors here, so they are written once; any other
+    array is copied in by :func:`pack`. ``allocate`` gives ``None`` once the slot is full.
+    """
+
+    def __init__(self, slot: SharedSlot) -> None:
+        self.slot = slot
+        self.used = HEADER
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        nbytes = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+        start = _aligned(self.used)
+        if start + nbytes > self.slot.size or nbytes == 0:
+            return None
+        self.used = start + nbytes
+        return self.slot.bytes(start, nbytes).view(dtype).view(shape)
+
+
+def flatten(batch: Any) -> tuple[Any, list[Array]]:
+    """``batch`` with each plain CPU tensor or numeric NumPy array replaced by a :class:`Placed`.
+
+    >>> tree, arrays = flatten({"x": torch.ones(2), "name": ["a", "b"]})
+    >>> tree["name"], type(tree["x"]).__name__, len(arrays)
+    (['a', 'b'], 'Placed', 1)
+    """
+    arrays: list[Array] = []
+
+    def place(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and _movable(obj):
+            arrays.append(obj)
+            return Placed(len(arrays) - 1, False, obj.dtype, tuple(obj.shape))
+        if isinstance(obj, np.ndarray) and obj.dtype.kind in "biufcmMV" and not obj.dtype.hasobject:
+            arrays.append(obj)
+            return Placed(len(arrays) - 1, True, obj.dtype, obj.shape)
+        return map_containers(place, obj)
+
+    return place(batch), arrays
+
+
+def pack(arrays: list[Array], arena: Arena) -> list[int] | None:
+    """Offsets of ``arrays`` in the arena's slot, copying in those not already there.
+
+    ``None`` when they do not all fit: the caller grows the slot (see :func:`bytes_needed`).
+    """
+    offsets = []
+    for array in arrays:
+        tensor = _as_tensor(array)
+        offset = arena.slot.holds(tensor)
+        if offset is None:
+            target = arena.allocate(tuple(tensor.shape), tensor.dtype) if tensor.numel() else None
+            if target is None and tensor.numel():
+                return None
+            if target is not None:
+                target.copy_(tensor)
+                offset = arena.slot.holds(target)
+            else:
+                offset = 0  # nothing to copy: an empty array
+        offsets.append(offset)
+    return offsets
+
+
+def bytes_needed(arrays: list[Array]) -> int:
+    """The slot size that holds ``arrays`` one after another, aligned."""
+    total = HEADER
+    for array in arrays:
+        total = _aligned(total) + _as_tensor(array).numel() * _as_tensor(array).element_size()
+    return total
+
+
+def unpack(tree: Any, offsets: list[int], slot: SharedSlot, pin: bool = False) -> Any:
+    """The batch ``tree`` stands for, its arrays copied out of ``slot`` into memory of their own.
+
+    With ``pin`` the tensors land in page-locked memory, ready for an asynchronous copy to a GPU.
+    """
+
+    def restore(obj: Any) -> Any:
+        if isinstance(obj, Placed):
+            size = _numel(obj.shape)
+            if obj.numpy:
+                out = np.empty(obj.shape, obj.dtype)
+                if size:
+                    source = slot.bytes(offsets[obj.index], out.nbytes).numpy()
+                    out.reshape(-1).view(np.uint8)[:] = source
+                return out
+            out = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=pin)
+            if size:  # a NumPy copy: one plain memcpy (torch's would start threads for it)
+                target = out.view(-1).view(torch.uint8).numpy()
+                target[:] = slot.bytes(offsets[obj.index], target.size).numpy()
+            return out
+        return map_containers(restore, obj)
+
+    return restore(tree)
+
+
+def map_containers(fn: Any, obj: Any) -> Any:
+    """``obj`` with ``fn`` applied to each item of its dicts, lists and tuples (named too).
+
+    Containers are rebuilt as their own type where that works, else as a plain dict or list,
+    as torch's collation does; anything else is returned as it is.
+    """
+    if isinstance(obj, collections.abc.Mapping):
+        items = {key: fn(value) for key, value in obj.items()}
+        try:
+            return type(obj)(items)
+        except TypeError:
+            return items
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(fn(item) for item in obj))
+    if isinstance(obj, (list, tuple)):
+        items = [fn(item) for item in obj]
+        try:
+            return type(obj)(items)
+        except TypeError:
+            return items
+    return obj
+
+
+def _movable(tensor: torch.Tensor) -> bool:
+    return (tensor.device.type == "cpu" and tensor.layout == torch.strided
+            and not tensor.is_nested and not tensor.requires_grad and not tensor.is_quantized)
+
+
+def _as_tensor(array: Array) -> torch.Tensor:
+    """A contiguous uint8-compatible tensor over ``array``'s values (NumPy arrays as bytes)."""
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return array.contiguous()
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for extent in shape:
+        count *= extent
+    return count

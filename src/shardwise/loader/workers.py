@@ -1,0 +1,212 @@
+"""What runs in a worker: seeding as torch does, fetching a batch, and the process worker's loop.
+
+A process worker gets small messages on one duplex pipe from the main process (a task: its id
+and the indices; a slot handed back; a new epoch; stop) and answers on the same pipe; batches
+themselves travel through its shared-memory slots (:mod:`shardwise.loader.transport`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data._utils.worker as torch_worker
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+from torch.utils.data.dataloader import _DatasetKind
+from torch.utils.data.dataloader import default_collate as torch_default_collate
+
+from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, receive, send
+
+FIRST_SLOT_BYTES = 4 * 2**20  # address space only: pages cost memory once a batch touches them
+# An idle worker checks this often that its main process still lives. (Not PR_SET_PDEATHSIG:
+# that kills a worker when the *thread* that started it exits, not only its process.)
+PARENT_CHECK_SECONDS = 1.0
+SLOT_CHECK_SECONDS = 0.0005  # how often a worker looks again at a slot not yet copied out
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to fetch batches, fixed when the workers start."""
+
+    dataset: Any
+    kind: int  # torch's _DatasetKind.Map or _DatasetKind.Iterable
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+    init_fn: Callable[[int], None] | None
+    num_workers: int
+    slots: int  # batches a worker may have waiting in the main process: prefetch_factor
+
+
+def seed_worker(spec: WorkerSpec, worker_id: int, base_seed: int) -> None:
+    """Seed ``random``, torch and NumPy, and set ``get_worker_info()``, exactly as torch's workers."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(torch_worker._generate_state(base_seed, worker_id))
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=worker_id, num_workers=spec.num_workers, seed=seed, dataset=spec.dataset
+    )
+
+
+def task_failure(worker_id: int, index: Any) -> ExceptionWrapper:
+    """The exception being handled, with where it happened: worker and indices, as the caller sees."""
+    shown = index if not isinstance(index, list) or len(index) <= 16 else [*index[:16], "..."]
+    where = f"in DataLoader worker process {worker_id} while loading indices {shown}"
+    return ExceptionWrapper(where=where)
+
+
+class SlotCollate:
+    """torch's ``default_collate``, with each stacked tensor allocated in the current arena.
+
+    Stacking straight into shared memory writes every batch once; torch's own collation in a
+    worker allocates fresh shared memory for each batch instead. Outside an arena, or when the
+    arena is full, it stacks into ordinary memory.
+    """
+
+    def __init__(self) -> None:
+        self.arena: Arena | None = None
+        self._table = dict(default_collate_fn_map)
+        if self._table.get(torch.Tensor) is collate_tensor_fn:
+            self._table[torch.Tensor] = self._stack
+
+    def __call__(self, batch: Any) -> Any:
+        return collate(batch, collate_fn_map=self._table)
+
+    def _stack(self, batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Tensor:
+        elem = batch[0]
+        if elem.is_nested or elem.layout != torch.strided:
+            return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # torch's own error
+        out = self.arena.allocate((len(batch), *elem.shape), elem.dtype) if self.arena else None
+        return torch.stack(batch, 0, out=out)
+
+
+def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed: int) -> None:
+    """A worker process: fetch what the main process asks for until told to stop or it is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    torch.set_num_threads(1)
+    seed_worker(spec, worker_id, base_seed)
+    collate_fn = SlotCollate() if spec.collate_fn is torch_default_collate else spec.collate_fn
+    try:
+        _ProcessWorker(conn, spec, worker_id, collate_fn).run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process went away: so does this worker
+    finally:
+        conn.close()
+
+
+class _ProcessWorker:
+    def __init__(self, conn: Connection, spec: WorkerSpec, worker_id: int, collate_fn: Any) -> None:
+        self.conn, self.spec, self.worker_id, self.collate_fn = conn, spec, worker_id, collate_fn
+        self.parent = os.getppid()
+        self.slots: list[SharedSlot | None] = [None] * spec.slots
+        self.sent = 0  # batches sent: slots are filled round-robin
+        self.pending: deque[tuple[int, Any]] = deque()
+        self.init_failure: ExceptionWrapper | None = None
+        try:
+            if spec.init_fn is not None:
+                spec.init_fn(worker_id)
+            self.fetcher = self._new_fetcher()
+        except Exception:  # noqa: BLE001 - reported with the first task, as torch does
+            self.init_failure = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+
+    def _new_fetcher(self) -> Any:
+        return _DatasetKind.create_fetcher(self.spec.kind, self.spec.dataset,
+                                           self.spec.auto_collation, self.collate_fn,
+                                           self.spec.drop_last)
+
+    def run(self) -> None:
+        """Read every message that has come (a stop overtakes queued tasks), then fetch one."""
+        while True:
+            busy = bool(self.pending)
+            if busy and self._next_slot_full():  # the main process has not copied it out yet
+                wait = SLOT_CHECK_SECONDS
+            else:
+                wait = 0 if busy else PARENT_CHECK_SECONDS
+            if self.conn.poll(wait):
+                if not self._handle(receive(self.conn)):
+                    return
+            elif busy and not self._next_slot_full():
+                self._fetch(*self.pending.popleft())
+            elif not busy and os.getppid() != self.parent:  # orphaned: the main process died
+                return
+
+    def _next_slot_full(self) -> bool:
+        slot = self.slots[self.sent % len(self.slots)]
+        return slot is not None and slot.full
+
+    def _handle(self, message: tuple) -> bool:
+        """Act on one message from the main process; ``False`` means stop."""
+        kind = message[0]
+        if kind == "task":
+            self.pending.append((message[1], message[2]))
+        elif kind == "epoch":  # persistent workers: a new pass over the dataset
+            self.pending.clear()
+            if self.init_failure is None:
+                self.fetcher = self._new_fetcher()
+            send(self.conn, ("epoch", message[1]))
+        return kind != "stop"
+
+    def _fetch(self, task_id: int, index: Any) -> None:
+        if self.init_failure is not None:
+            failure, self.init_failure = self.init_failure, None
+            send(self.conn, ("error", task_id, failure, 0.0))
+            return
+        started = time.perf_counter()
+        slot_id = self.sent % len(self.slots)
+        slot = self.slots[slot_id] or self._new_slot(slot_id, FIRST_SLOT_BYTES)
+        arena, retired = Arena(slot), None
+        if isinstance(self.collate_fn, SlotCollate):
+            self.collate_fn.arena = arena
+        try:
+            batch = self.fetcher.fetch(index)
+            tree, arrays = flatten(batch)
+            offsets = pack(arrays, arena)
+            if offsets is None:  # the slot is too small for this batch: a larger one replaces it
+                retired = slot
+                arena = Arena(self._new_slot(slot_id, max(bytes_needed(arrays) * 5 // 4,
+                                                          2 * slot.size)))
+                offsets = pack(arrays, arena)
+            del batch, arrays
+            message = ("batch", task_id, slot_id, tree, offsets, time.perf_counter() - started)
+        except Exception as error:  # noqa: BLE001 - the caller re-raises it, with this traceback
+            if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
+                message = ("end", task_id)  # this worker's share of the stream is used up
+            else:
+                message = ("error", task_id, task_failure(self.worker_id, index),
+                           time.perf_counter() - started)
+        finally:
+            if isinstance(self.collate_fn, SlotCollate):
+                self.collate_fn.arena = None
+        if retired is not None:
+            _close_quietly(retired)
+        if message[0] == "batch":
+            arena.slot.full = True
+            self.sent += 1
+        send(self.conn, message)
+
+    def _new_slot(self, slot_id: int, size: int) -> SharedSlot:
+        """A new slot in place of ``slot_id``: its descriptor goes to the main process."""
+        slot = SharedSlot(max(size, FIRST_SLOT_BYTES))
+        self.slots[slot_id] = slot
+        send(self.conn, ("slot", slot_id, slot.size))
+        reduction.send_handle(self.conn, slot.fd, self.parent)
+        return slot
+
+
+def _close_quietly(slot: SharedSlot) -> None:
+    try:
+        slot.close()
+    except BufferError:  # something the dataset keeps still looks into it: leave it mapped
+        pass

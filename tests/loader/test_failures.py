@@ -1,0 +1,184 @@
+"""Failures reach the caller clearly and at once, and nothing is left behind, however a pass ends.
+
+Leftovers are counted for real: child processes, threads, shared-memory mappings and open file
+descriptors of this process, before and after.
+"""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from shardwise import DataLoader
+
+pytestmark = pytest.mark.timeout(60)
+WORKER_TYPES = ["process", "thread"]
+
+
+class Failing(Dataset):
+    """Index 7 raises; with ``kill`` set, index 10 ends the worker with that signal."""
+
+    def __init__(self, kill: int | None = None, sleep: float = 0.0) -> None:
+        self.kill, self.sleep = kill, sleep
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.sleep:
+            time.sleep(self.sleep)
+        if index == 7 and self.kill is None:
+            raise ValueError(f"sample {index} is corrupt")
+        if index == 10 and self.kill is not None:
+            os.kill(os.getpid(), self.kill)
+        return torch.full((4,), float(index))
+
+
+def leftovers() -> dict:
+    """What loaders could leave behind in this process."""
+    maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
+    return {"children": sorted(_children()),
+            "threads": sorted(t.name for t in threading.enumerate()),
+            "slots": maps.count("shardwise-slot"),
+            "fds": len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").exists() else 0}
+
+
+def _children() -> list[int]:
+    import multiprocessing
+
+    return [p.pid for p in multiprocessing.active_children()]
+
+
+@pytest.fixture
+def clean():
+    """Assert that the test leaves nothing behind."""
+    gc.collect()
+    before = leftovers()
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 10  # a worker thread finishes the batch it is on
+    while leftovers() != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+        gc.collect()
+    assert leftovers() == before
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_a_worker_exception_names_the_worker_the_indices_and_the_traceback(worker_type, clean):
+    loader = DataLoader(Failing(), batch_size=4, num_workers=2, worker_type=worker_type)
+    with pytest.raises(ValueError) as raised:
+        list(loader)
+    message = str(raised.value)
+    assert "Caught ValueError in DataLoader worker process 1" in message
+    assert "indices [4, 5, 6, 7]" in message
+    assert "sample 7 is corrupt" in message and "in __getitem__" in message  # the traceback
+
+
+@pytest.mark.parametrize("kill,name", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")])
+def test_a_killed_worker_is_named_with_its_signal_at_once(kill, name, clean):
+    loader = DataLoader(Failing(kill=kill), batch_size=2, num_workers=2)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"DataLoader worker 1 \(pid \d+\) was killed by "
+                                           rf"{name} \(signal {int(kill)}\)"):
+        list(loader)
+    assert time.monotonic() - started < 30  # noticed by its sentinel, not by a timeout
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_timeout_is_honoured(worker_type, clean):
+    loader = DataLoader(Failing(sleep=2.0), batch_size=2, num_workers=1, timeout=0.3,
+                        worker_type=worker_type)
+    with pytest.raises(RuntimeError, match=r"DataLoader timed out after 0.3 seconds"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_break_and_garbage_collection_leave_nothing(worker_type, persistent, clean):
+    loader = DataLoader(torch.arange(1000.0), batch_size=8, num_workers=2,
+                        worker_type=worker_type, persistent_workers=persistent)
+    for step, _ in enumerate(loader):
+        if step == 3:
+            break
+    assert next(iter(loader)).tolist() == list(range(8))  # a second pass, dropped unfinished
+    del loader
+
+
+def test_a_finished_pass_stops_its_workers_at_once(clean):
+    loader = DataLoader(torch.arange(100.0), batch_size=8, num_workers=2)
+    assert len(list(loader)) == 13
+    assert _children() == []  # no garbage collection needed
+
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time, torch
+    from shardwise import DataLoader
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self): return 10_000
+        def __getitem__(self, i):
+            time.sleep(0.01)
+            return i
+
+    loader = DataLoader(Slow(), batch_size=4, num_workers=2, persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)
+    print(" ".join(str(p.pid) for p in iterator._pool.procs), flush=True)
+    if sys.argv[1] == "interrupt":
+        os.kill(os.getpid(), signal.SIGINT)
+        for batch in iterator:
+            pass
+    # "exit": leave with the workers running and the iterator alive
+""")
+
+
+@pytest.mark.parametrize("how", ["interrupt", "exit"])
+def test_ctrl_c_and_interpreter_exit_leave_no_workers(tmp_path, how):
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    run = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True,
+                         timeout=60)
+    pids = [int(p) for p in run.stdout.split()]
+    assert len(pids) == 2, run.stderr
+    if how == "interrupt":
+        assert "KeyboardInterrupt" in run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "zombie" in status.read_text())
+
+
+def test_a_worker_whose_main_process_is_killed_exits(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT.replace('if sys.argv[1] == "interrupt":',
+                                     'os.kill(os.getpid(), signal.SIGKILL)\n'
+                                     'if sys.argv[1] == "interrupt":'))
+    run = subprocess.run([sys.executable, str(script), "exit"], capture_output=True, text=True,
+                         timeout=60)
+    pids = [int(p) for p in run.stdout.split()]
+    assert run.returncode == -signal.SIGKILL and len(pids) == 2
+    deadline = time.monotonic() + 10  # an orphaned worker notices within about a second
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)

@@ -1,0 +1,166 @@
+"""shardwise.DataLoader gives torch's DataLoader's batches, and torch's errors, argument for argument.
+
+Datasets here draw from torch's, NumPy's and Python's random generators and read
+``get_worker_info()``, so equal batches also mean equal worker seeding and worker assignment.
+"""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader as TorchLoader
+from torch.utils.data import Dataset, IterableDataset, RandomSampler, get_worker_info
+
+from shardwise import DataLoader
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Augmented(Dataset):
+    """Samples with random augmentation from every generator a worker seeds."""
+
+    def __len__(self) -> int:
+        return 37
+
+    def __getitem__(self, index: int) -> dict:
+        worker = get_worker_info()
+        return {"index": index, "noise": torch.rand(2), "numpy": np.random.rand(),
+                "python": random.random(), "worker": -1 if worker is None else worker.id,
+                "name": f"sample-{index}"}
+
+
+class Batched(Augmented):
+    """Fetches a whole batch in one call, as datasets with ``__getitems__`` do."""
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        return [{"index": i, "twice": 2 * i} for i in indices]
+
+
+class Stream(IterableDataset):
+    """Each worker streams its own, unequal share: workers end at different times."""
+
+    def __iter__(self):
+        worker = get_worker_info()
+        wid, count = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        for i in range(wid, 23 + 5 * wid, count):
+            yield torch.tensor([i, wid, torch.randint(0, 1000, ()).item()])
+
+
+def plain(batch):
+    """Batches as plain Python values, for comparing."""
+    if isinstance(batch, dict):
+        return {key: plain(value) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [plain(item) for item in batch]
+    if isinstance(batch, torch.Tensor):
+        return batch.tolist()
+    return batch
+
+
+def epochs(loader_class, dataset, count=1, **options):
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    loader = loader_class(dataset, **options)
+    return [[plain(batch) for batch in loader] for _ in range(count)]
+
+
+MAP_CASES = [
+    {"batch_size": None}, {"batch_size": 1}, {"batch_size": 4}, {"batch_size": 4, "shuffle": True},
+    {"batch_size": 4, "drop_last": True}, {"batch_size": 3, "shuffle": True,
+                                           "generator": torch.Generator().manual_seed(9)},
+]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("options", MAP_CASES, ids=str)
+def test_map_style_batches_equal_torchs(workers, options):
+    if "generator" in options:  # each loader needs its own, equally seeded, generator
+        options = {**options, "generator": torch.Generator().manual_seed(9)}
+        ours = epochs(DataLoader, Augmented(), num_workers=workers, **options)
+        options = {**options, "generator": torch.Generator().manual_seed(9)}
+    else:
+        ours = epochs(DataLoader, Augmented(), num_workers=workers, **options)
+    assert ours == epochs(TorchLoader, Augmented(), num_workers=workers, **options)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+@pytest.mark.parametrize("options", [{"batch_size": None}, {"batch_size": 4},
+                                     {"batch_size": 4, "drop_last": True}], ids=str)
+def test_iterable_batches_equal_torchs(workers, options):
+    assert epochs(DataLoader, Stream(), num_workers=workers, **options) == epochs(
+        TorchLoader, Stream(), num_workers=workers, **options)
+
+
+def test_persistent_workers_epochs_equal_torchs():
+    options = {"batch_size": 4, "shuffle": True, "num_workers": 2, "persistent_workers": True}
+    assert epochs(DataLoader, Augmented(), 3, **options) == epochs(
+        TorchLoader, Augmented(), 3, **options)
+
+
+def test_getitems_custom_collate_and_worker_init_equal_torchs():
+    options = {"batch_size": 5, "num_workers": 2, "collate_fn": _pairs,
+               "worker_init_fn": _reseed_python}
+    assert epochs(DataLoader, Batched(), **options) == epochs(TorchLoader, Batched(), **options)
+
+
+def _pairs(samples: list[dict]) -> tuple:
+    return [s["index"] for s in samples], torch.tensor([s["twice"] for s in samples])
+
+
+def _reseed_python(worker_id: int) -> None:
+    random.seed(100 + worker_id)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_in_order_false_delivers_every_batch_once(workers):
+    options = {"batch_size": 3, "num_workers": workers}
+    if workers:
+        options["in_order"] = False
+    got = epochs(DataLoader, Augmented(), **options)[0]
+    assert sorted(i for batch in got for i in batch["index"]) == list(range(37))
+
+
+BAD_ARGUMENTS = [
+    {"num_workers": -1},
+    {"timeout": -1},
+    {"prefetch_factor": 2},
+    {"num_workers": 2, "prefetch_factor": -1},
+    {"persistent_workers": True},
+    {"sampler": [0, 1], "shuffle": True},
+    {"batch_sampler": [[0, 1]], "batch_size": 2},
+    {"batch_sampler": [[0, 1]], "drop_last": True},
+    {"batch_size": None, "drop_last": True},
+    {"multiprocessing_context": "spawn"},
+    {"num_workers": 1, "multiprocessing_context": "no-such-method"},
+    {"num_workers": 1, "multiprocessing_context": 3},
+]
+
+
+@pytest.mark.parametrize("options", BAD_ARGUMENTS, ids=str)
+def test_conflicting_arguments_raise_torchs_errors(options):
+    with pytest.raises(Exception) as theirs:
+        TorchLoader(Augmented(), **options)
+    with pytest.raises(type(theirs.value)) as ours:
+        DataLoader(Augmented(), **options)
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("options", [{"shuffle": True}, {"sampler": RandomSampler(range(3))},
+                                     {"batch_sampler": [[0]]}], ids=str)
+def test_iterable_dataset_refusals_are_torchs(options):
+    with pytest.raises(ValueError) as theirs:
+        TorchLoader(Stream(), **options)
+    with pytest.raises(ValueError) as ours:
+        DataLoader(Stream(), **options)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_it_is_a_torch_dataloader_with_torchs_attributes():
+    loader = DataLoader(Augmented(), batch_size=4, num_workers=2)
+    assert isinstance(loader, TorchLoader)
+    assert (loader.batch_size, loader.num_workers, loader.prefetch_factor, len(loader)) == (
+        4, 2, 2, 10)
+    with pytest.raises(ValueError, match="should not be set after"):
+        loader.batch_size = 8

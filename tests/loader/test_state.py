@@ -1,0 +1,197 @@
+"""The loader's state counts batches delivered, and resumes at exactly the next one."""
+
+import random
+from collections import Counter
+from itertools import islice
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from shardwise import DataLoader, DistributedSampler
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Indexed(Dataset):
+    def __init__(self, size: int = 50) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        worker = get_worker_info()
+        wid, count = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        yield from range(wid, 41, count)
+
+
+def values(batches) -> list:
+    return [b.tolist() for b in batches]
+
+
+def interrupted(make_loader, stop_after: int, *, epoch_setup=lambda loader: None):
+    """Deliver ``stop_after`` batches, save, then resume in a fresh loader: both halves."""
+    loader = make_loader()
+    epoch_setup(loader)
+    iterator = iter(loader)
+    head = values(islice(iterator, stop_after))
+    state = loader.state_dict()
+    whole = head + values(iterator)  # the uninterrupted pass, for reference
+    fresh = make_loader()
+    fresh.load_state_dict(state)
+    epoch_setup(fresh)
+    return whole, head, values(fresh), fresh
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("stop_after", [0, 3, 13])
+def test_a_shardwise_sampler_resumes_at_the_next_batch(workers, stop_after):
+    def make():
+        sampler = DistributedSampler(Indexed(), num_replicas=1, rank=0, seed=4)
+        return DataLoader(Indexed(), batch_size=4, sampler=sampler, num_workers=workers)
+
+    whole, head, rest, _ = interrupted(make, stop_after, epoch_setup=lambda l: l.set_epoch(2))
+    assert head + rest == whole and len(whole) == 13
+
+
+def test_the_state_counts_delivered_batches_not_prefetched_ones():
+    sampler = DistributedSampler(Indexed(), num_replicas=1, rank=0)
+    loader = DataLoader(Indexed(), batch_size=2, sampler=sampler, num_workers=2,
+                        prefetch_factor=4)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    assert state["batches"] == 1 and state["sampler"]["consumed"] == 2
+    assert sampler.state_dict()["consumed"] == 2 * 9  # the workers hold 8 more batches
+    del iterator
+
+
+@pytest.mark.parametrize("remainder", ["uneven", "pad"])
+def test_any_ranks_loader_state_resumes_every_rank_of_another_world_size(remainder):
+    size, trained = 103, Counter()
+
+    def loaders(world):
+        return [DataLoader(Indexed(size), batch_size=4, num_workers=1, sampler=DistributedSampler(
+            size, world, rank, seed=1, remainder=remainder)) for rank in range(world)]
+
+    before = loaders(3)
+    iterators = [iter(loader) for loader in before]
+    for iterator in iterators:  # lock step: every rank trains 5 batches
+        trained.update(i for batch in islice(iterator, 5) for i in batch.tolist())
+    state = before[1].state_dict()
+    for loader in loaders(2):
+        loader.load_state_dict(state)
+        trained.update(i for batch in loader for i in batch.tolist())
+    if remainder == "uneven":
+        assert sorted(trained.elements()) == list(range(size))
+    else:
+        assert set(trained) == set(range(size))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("seeded", [False, True])
+def test_torch_samplers_resume_by_replaying_their_draws(workers, seeded):
+    def make():
+        generator = torch.Generator().manual_seed(3) if seeded else None
+        return DataLoader(Indexed(), batch_size=4, shuffle=True, num_workers=workers,
+                          generator=generator)
+
+    torch.manual_seed(0)
+    loader = make()
+    iterator = iter(loader)
+    head = values(islice(iterator, 5))
+    state = loader.state_dict()
+    whole = head + values(iterator)
+    torch.manual_seed(12345)  # the resumed job's own randomness is different...
+    before = torch.get_rng_state()
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert values(fresh) == whole[5:]
+    assert torch.equal(before, torch.get_rng_state())  # ...and the replay left it untouched
+
+
+def test_persistent_workers_resume_in_a_later_epoch():
+    def make():
+        return DataLoader(Indexed(), batch_size=4, shuffle=True, num_workers=2,
+                          persistent_workers=True, generator=torch.Generator().manual_seed(8))
+
+    loader = make()
+    first = values(loader)
+    iterator = iter(loader)  # epoch 2: the workers are reused, no new base seed is drawn
+    head = values(islice(iterator, 4))
+    state = loader.state_dict()
+    whole = head + values(iterator)
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert values(fresh) == whole[4:] and whole != first
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_datasets_resume_by_loading_again_and_dropping(workers):
+    whole, head, rest, _ = interrupted(
+        lambda: DataLoader(Stream(), batch_size=3, num_workers=workers), 4)
+    assert head + rest == whole
+
+
+def test_a_finished_epoch_resumes_as_an_empty_pass_then_the_next_epoch():
+    def make():
+        return DataLoader(Indexed(), batch_size=8, sampler=DistributedSampler(
+            Indexed(), num_replicas=1, rank=0, seed=2))
+
+    loader = make()
+    values(loader)
+    fresh = make()
+    fresh.load_state_dict(loader.state_dict())
+    assert values(fresh) == []
+    fresh.set_epoch(1)
+    reference = make()
+    reference.set_epoch(1)
+    assert values(fresh) == values(reference)
+
+
+def test_state_is_plain_small_and_round_trips_before_iterating():
+    sampler = DistributedSampler(10**7, num_replicas=8, rank=3, permutation="feistel")
+    loader = DataLoader(Indexed(10**7), batch_size=256, sampler=sampler)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    state = loader.state_dict()
+    assert len(repr(state)) < 1000  # O(1): no indices in it
+    fresh = DataLoader(Indexed(10**7), batch_size=256,
+                       sampler=DistributedSampler(10**7, 8, 3, permutation="feistel"))
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
+    assert next(iter(fresh)).tolist() == next(iterator).tolist()
+
+
+def test_a_state_from_another_kind_of_loader_is_refused():
+    state = DataLoader(Indexed(), batch_size=2, shuffle=True).state_dict()
+    sampler = DistributedSampler(Indexed(), num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="resumes by 'replay' but this loader resumes by 'sampler'"):
+        DataLoader(Indexed(), batch_size=2, sampler=sampler).load_state_dict(state)
+
+
+def test_torchdata_sees_a_stateful_loader():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader.stateful")
+    assert isinstance(DataLoader(Indexed()), stateful.Stateful)
+
+
+def test_python_and_numpy_randomness_are_not_touched_by_a_resume():
+    loader = DataLoader(Indexed(), batch_size=4, shuffle=True)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    random.seed(1)
+    np.random.seed(1)
+    fresh = DataLoader(Indexed(), batch_size=4, shuffle=True)
+    fresh.load_state_dict(state)
+    list(fresh)
+    assert random.random() == random.Random(1).random()
+    assert np.random.rand() == np.random.RandomState(1).rand()
