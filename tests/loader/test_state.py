@@ -57,8 +57,26 @@ def test_a_shardwise_sampler_resumes_at_the_next_batch(workers, stop_after):
         sampler = DistributedSampler(Indexed(), num_replicas=1, rank=0, seed=4)
         return DataLoader(Indexed(), batch_size=4, sampler=sampler, num_workers=workers)
 
-    whole, head, rest, _ = interrupted(make, stop_after, epoch_setup=lambda l: l.set_epoch(2))
+    whole, head, rest, fresh = interrupted(make, stop_after, epoch_setup=lambda l: l.set_epoch(2))
     assert head + rest == whole and len(whole) == 13
+    assert len(fresh) == 13  # the epoch's length, as trainers that count steps expect
+
+
+def test_epochs_that_advance_by_themselves_resume_too():
+    def make():
+        return DataLoader(Indexed(), batch_size=4, num_workers=2,
+                          sampler=DistributedSampler(Indexed(), num_replicas=1, rank=0))
+
+    loader = make()
+    values(loader)  # epoch 0, with no set_epoch: the next pass is epoch 1
+    iterator = iter(loader)
+    head = values(islice(iterator, 2))
+    state = loader.state_dict()
+    assert state["sampler"]["epoch"] == 1 and state["batches"] == 2
+    whole = head + values(iterator)
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert values(fresh) == whole[2:]
 
 
 def test_the_state_counts_delivered_batches_not_prefetched_ones():

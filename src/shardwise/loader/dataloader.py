@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from shardwise.checks import require_choice
 from shardwise.distributed.consistency import check_consistent
 from shardwise.loader.iterator import LoaderIterator
-from shardwise.loader.position import PassRecord, Resume, loader_state, read_state
+from shardwise.loader.position import (PassRecord, Resume, loader_state, read_state,
+                                       resumed_batches)
 from shardwise.loader.progress import EpochBar
 from shardwise.loader.stats import LoaderStats
 from shardwise.samplers import DistributedSampler
@@ -120,9 +121,13 @@ class DataLoader(TorchDataLoader):
         if self.pin_memory and not self._pinning:  # torch's own words
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=3)
-        if self.num_workers:
+        if self.num_workers and self.worker_type == "process":
             self.check_worker_number_rationality()
         return LoaderIterator(self)
+
+    def __len__(self) -> int:
+        """Batches in the epoch; a pass resumed mid-epoch yields only those still to come."""
+        return super().__len__() + resumed_batches(self, self._resume, self._record)
 
     def set_epoch(self, epoch: int) -> None:
         """``set_epoch`` on the loader's sampler (or its batch sampler's), for one-line loops."""

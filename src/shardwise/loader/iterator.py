@@ -22,7 +22,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.device import Background, ToDevice
 from shardwise.loader.pools import Event, ProcessPool, ThreadPool, start_method_context
-from shardwise.loader.position import PassRecord, new_record, replayed_randomness
+from shardwise.loader.position import PassRecord, new_record, replayed_randomness, resumable_sampler
 from shardwise.loader.stats import Clock
 from shardwise.loader.workers import WorkerSpec
 
@@ -41,6 +41,7 @@ class LoaderIterator(Iterator[Any]):
         self._loader = loader
         self._workers = loader.num_workers
         self._auto = loader._auto_collation
+        self._sampler = resumable_sampler(loader)
         self._pool: ProcessPool | ThreadPool | None = None
         self._closer: weakref.finalize | None = None
         self._stages: list[Any] = []
@@ -158,6 +159,8 @@ class LoaderIterator(Iterator[Any]):
                 continue
             self.record.batches += 1
             self.record.samples += count
+            if self.record.batches == 1:  # the sampler's pass has begun: note its epoch
+                self.record.sampler_epoch = getattr(self._sampler, "epoch", None)
             self._loader._on_batch(self)
             return batch
 

@@ -79,7 +79,7 @@ class PassRecord:
 
     route: str  # "sampler", "replay" or "iterable": how a resume finds the place
     randomness: dict[str, torch.Tensor] = field(default_factory=dict)
-    sampler_epoch: Any = None  # the resumable sampler's epoch when the pass began
+    sampler_epoch: Any = None  # the resumable sampler's epoch, once the pass delivered a batch
     base_seed: int = 0  # the workers' base seed
     drew_base_seed: bool = False  # the pass drew the base seed (the first pass of its workers)
     resumed_batches: int = 0  # batches a resumed pass started after
@@ -91,17 +91,34 @@ class PassRecord:
 
 def new_record(loader: Any) -> PassRecord:
     """The record of a pass about to begin (its random state taken now, before any draw)."""
-    sampler = resumable_sampler(loader)
-    route = _route(loader, sampler)
-    return PassRecord(route, random_states(loader) if route == "replay" else {},
-                      getattr(sampler, "epoch", None))
+    route = _route(loader, resumable_sampler(loader))
+    return PassRecord(route, random_states(loader) if route == "replay" else {})
+
+
+def current(loader: Any, record: PassRecord) -> bool:
+    """Whether ``record`` still describes where the loader stands (its sampler has not moved on)."""
+    if record.route != "sampler" or record.sampler_epoch is None:
+        return True
+    return getattr(resumable_sampler(loader), "epoch", None) == record.sampler_epoch
+
+
+def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | None) -> int:
+    """Batches of this epoch delivered before a resume that the sampler's pass no longer holds.
+
+    A sampler resumed mid-epoch yields only the rest of the epoch, so this is added to its
+    length: ``len(loader)`` stays the epoch's, as trainers that count steps (Lightning) expect.
+    """
+    if resume is not None:
+        return resume.resumed_batches if resume.skip == 0 else 0
+    if record is not None and record.route == "sampler" and current(loader, record):
+        return record.resumed_batches
+    return 0
 
 
 def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     """The state of ``loader`` after what ``record`` says was delivered."""
     sampler = resumable_sampler(loader)
-    if record is None or (record.route == "sampler"
-                          and getattr(sampler, "epoch", None) != record.sampler_epoch):
+    if record is None or not current(loader, record):
         record = new_record(loader)  # no pass yet, or the sampler moved on: the next pass's start
     if record.out_of_order:
         warnings.warn("in_order=False delivered batches out of order: the state counts the "

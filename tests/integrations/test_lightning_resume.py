@@ -1,0 +1,72 @@
+"""Lightning checkpoints shardwise.DataLoader's state and resumes mid-epoch at the next batch.
+
+Lightning saves the state of every loader that has ``state_dict``/``load_state_dict`` in its
+checkpoints; a run stopped mid-epoch and resumed from the checkpoint trains every sample of the
+epoch exactly once across the two runs, on every rank.
+"""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from shardwise import DataLoader
+
+lightning = pytest.importorskip("lightning")
+
+SIZE, WORLD, BATCH = 40, 2, 2  # 10 steps an epoch on each rank
+
+
+class Indexed(Dataset):
+    def __len__(self) -> int:
+        return SIZE
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([float(index)])
+
+
+class Recorder(lightning.LightningModule):
+    def __init__(self, folder: str, run: str) -> None:
+        super().__init__()
+        self.folder, self.run = folder, run
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[int] = []
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Indexed(), batch_size=BATCH, shuffle=True, distributed=True, seed=5,
+                          num_workers=1)
+
+    def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
+        self.seen.extend(int(i) for i in batch.flatten())
+        return self.layer(batch).sum()
+
+    def on_train_end(self) -> None:
+        path = Path(self.folder, f"{self.run}-rank{self.global_rank}.json")
+        path.write_text(json.dumps(self.seen))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def trainer(tmp_path: Path, **options) -> "lightning.Trainer":
+    return lightning.Trainer(accelerator="cpu", devices=WORLD, strategy="ddp_spawn", logger=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path, **options)
+
+
+@pytest.mark.timeout(300)
+def test_a_run_resumed_mid_epoch_trains_each_sample_once(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    saver = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=4,
+                                                        save_top_k=-1)
+    trainer(tmp_path, max_steps=4, callbacks=[saver]).fit(Recorder(str(tmp_path), "first"))
+    (checkpoint,) = checkpoints.glob("*.ckpt")
+    trainer(tmp_path, max_epochs=1).fit(Recorder(str(tmp_path), "second"), ckpt_path=checkpoint)
+    trained = Counter()
+    for run in ("first", "second"):
+        for rank in range(WORLD):
+            trained.update(json.loads((tmp_path / f"{run}-rank{rank}.json").read_text()))
+    assert sorted(trained.elements()) == list(range(SIZE))

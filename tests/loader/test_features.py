@@ -1,0 +1,131 @@
+"""What shardwise.DataLoader adds: thread workers, stats, progress, distributed=True, checks."""
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader as TorchLoader
+from torch.utils.data import Dataset, IterableDataset
+
+from shardwise import DataLoader, DistributedSampler, InconsistentRanksError, spawn_local
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Rows(Dataset):
+    def __len__(self) -> int:
+        return 45
+
+    def __getitem__(self, index: int) -> dict:
+        return {"index": index, "row": torch.full((3,), float(index))}
+
+
+class Counting(IterableDataset):
+    def __iter__(self):
+        yield from range(29)
+
+
+def plain(batches) -> list:
+    return [b.tolist() if isinstance(b, torch.Tensor) else b for b in batches]
+
+
+def indices(batches) -> list[int]:
+    return [i for batch in batches for i in batch["index"].tolist()]
+
+
+@pytest.mark.parametrize("options", [{"batch_size": 4}, {"batch_size": 4, "shuffle": True},
+                                     {"batch_size": 4, "drop_last": True}], ids=str)
+def test_thread_workers_give_torchs_batches(options):
+    torch.manual_seed(1)
+    ours = indices(DataLoader(Rows(), num_workers=2, worker_type="thread", **options))
+    torch.manual_seed(1)
+    assert ours == indices(TorchLoader(Rows(), num_workers=2, **options))
+
+
+@pytest.mark.parametrize("options", [{"batch_size": None}, {"batch_size": 4},
+                                     {"batch_size": 4, "drop_last": True}], ids=str)
+def test_thread_workers_read_a_stream_once_in_order(options):
+    """Threads share the stream: each item once, in order, as with no workers at all."""
+    threads = DataLoader(Counting(), num_workers=2, worker_type="thread", **options)
+    assert plain(threads) == plain(TorchLoader(Counting(), num_workers=0, **options))
+
+
+def test_thread_workers_refuse_a_multiprocessing_context():
+    with pytest.raises(ValueError, match="worker_type='thread' runs threads"):
+        DataLoader(Rows(), num_workers=2, worker_type="thread", multiprocessing_context="spawn")
+
+
+def test_worker_type_is_checked():
+    with pytest.raises(ValueError, match="unknown worker_type 'fiber'"):
+        DataLoader(Rows(), worker_type="fiber")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stats_count_the_pass(workers):
+    loader = DataLoader(Rows(), batch_size=10, num_workers=workers)
+    assert loader.stats.batches == 0
+    list(loader)
+    stats = loader.stats
+    assert (stats.batches, stats.samples) == (5, 45)
+    assert stats.seconds > 0 and 0 <= stats.stall <= 1 and stats.samples_per_second > 0
+    assert [w.batches for w in stats.workers] == ([3, 2] if workers else [])
+    assert "5 batches, 45 samples" in str(stats)
+
+
+def test_progress_shows_a_bar_and_a_summary(capsys):
+    list(DataLoader(Rows(), batch_size=10, progress=True))
+    assert "5 batches, 45 samples" in capsys.readouterr().err
+
+
+def test_distributed_builds_the_sampler_in_one_line():
+    loader = DataLoader(Rows(), batch_size=4, shuffle=True, drop_last=True, distributed=True,
+                        seed=3)
+    assert isinstance(loader.sampler, DistributedSampler)
+    assert (loader.sampler.shuffle, loader.sampler.drop_last, loader.sampler.seed) == (
+        True, True, 3)
+    loader.set_epoch(2)
+    reference = DistributedSampler(Rows(), shuffle=True, drop_last=True, seed=3)
+    reference.set_epoch(2)
+    assert indices(loader) == list(reference)[: len(loader) * 4]
+
+
+def test_distributed_refuses_a_sampler_of_its_own():
+    with pytest.raises(ValueError, match="pass a sampler or distributed=True, not both"):
+        DataLoader(Rows(), sampler=[0, 1], distributed=True)
+
+
+def test_without_cuda_device_and_pinning_warn_and_stay_on_the_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        loader = DataLoader(Rows(), batch_size=5, device="cuda")
+    with pytest.warns(UserWarning, match="no accelerator is found"):
+        batch = next(iter(DataLoader(Rows(), batch_size=5, pin_memory=True)))
+    assert next(iter(loader))["row"].device.type == "cpu" and not batch["row"].is_pinned()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_batches_arrive_on_the_gpu_pinned_and_in_order():
+    loader = DataLoader(Rows(), batch_size=5, num_workers=2, pin_memory=True, device="cuda")
+    batches = list(loader)
+    assert all(b["row"].is_cuda for b in batches)
+    assert indices(batches) == list(range(45))
+
+
+def _verify_on_every_rank(seeds: list[int]) -> str:
+    sampler = DistributedSampler(Rows(), seed=seeds[dist.get_rank()])
+    try:
+        next(iter(DataLoader(Rows(), batch_size=4, sampler=sampler)))
+    except InconsistentRanksError as error:
+        return str(error)
+    with warnings.catch_warnings():
+        next(iter(DataLoader(Rows(), batch_size=4, sampler=sampler, verify=False)))
+    return "agreed"
+
+
+@pytest.mark.timeout(120)
+def test_ranks_whose_samplers_differ_are_stopped_at_the_first_epoch():
+    assert spawn_local(_verify_on_every_rank, 2, [0, 0], timeout=100) == ["agreed"] * 2
+    for message in spawn_local(_verify_on_every_rank, 2, [0, 1], timeout=100):
+        assert "seed=1" in message and "seed=0" in message
