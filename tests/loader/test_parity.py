@@ -164,3 +164,9 @@ def test_it_is_a_torch_dataloader_with_torchs_attributes():
         4, 2, 2, 10)
     with pytest.raises(ValueError, match="should not be set after"):
         loader.batch_size = 8
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_other_start_methods_give_the_same_batches(method):
+    options = {"batch_size": 4, "num_workers": 2, "multiprocessing_context": method}
+    assert epochs(DataLoader, Augmented(), **options) == epochs(TorchLoader, Augmented(), **options)
