@@ -182,3 +182,11 @@ def test_a_worker_whose_main_process_is_killed_exits(tmp_path):
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_persistent_workers_start_afresh_after_a_failed_pass(clean):
+    loader = DataLoader(Failing(), batch_size=4, num_workers=2, persistent_workers=True)
+    with pytest.raises(ValueError, match="sample 7 is corrupt"):
+        list(loader)
+    assert next(iter(loader)).tolist()[0] == [0.0] * 4  # the next epoch works again
+    del loader

@@ -168,11 +168,13 @@ class DataLoader(TorchDataLoader):
         resume, self._resume = self._resume, None
         return resume
 
-    def _on_pass_start(self, current: LoaderIterator) -> None:
+    def _check_ranks(self) -> None:
         if self.verify and _group_size() > 1:
             sampler = _configured_sampler(self)
             if sampler is not None:
                 check_consistent(sampler)
+
+    def _on_pass_start(self, current: LoaderIterator) -> None:
         self._pass, self._record, self._loaded = current, current.record, None
         if self.progress:
             self._bar = EpochBar(_length(self), getattr(self.sampler, "epoch", None))

@@ -52,10 +52,12 @@ class LoaderIterator(Iterator[Any]):
     def _reset(self, loader: Any) -> None:
         """The next epoch on the same (persistent) workers: torch's name for it."""
         self._stop_stages()
-        self._begin(first=False)
+        # Workers stopped by a failed pass are started afresh.
+        self._begin(first=self._closer is None or not self._closer.alive)
 
     def _begin(self, first: bool) -> None:
         loader = self._loader
+        loader._check_ranks()  # before any worker starts: ranks that disagree stop here
         resume = loader._take_resume()
         self.record: PassRecord = new_record(loader)
         replay = resume is not None and bool(resume.randomness)
