@@ -3,10 +3,9 @@ survives a change of world size."""
 
 from __future__ import annotations
 
-import itertools
 import numbers
 import warnings
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ from shardwise.checks import require_bool, require_choice, require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import mix_ints
 from shardwise.order import PERMUTATIONS, Order, make_order
+from shardwise.samplers.passes import SEED_MAX, SEED_MIN, EpochSampler, bounds
 from shardwise.segments import Segments
 from shardwise.split import (
     LAYOUTS,
@@ -33,11 +33,7 @@ STATE_IDENTITY = ("size", "seed", "permutation")
 STATE_FIELDS = ("version", *STATE_IDENTITY, "epoch", "layout", "remainder", "num_replicas",
                 "consumed", "segments")
 MAX_SIZE = 2**63 - 1
-# What torch.Generator.manual_seed takes; seed + epoch, torch's generator seed, must fit too.
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 TORCH_ORDER_WARN_SIZE = 2**25
-_FIRST_CHUNK = 256  # the first index must come at once, even when an order is costly
-_CHUNK = 1 << 16
 _FINGERPRINT_POINTS = 64
 
 _warned_torch_scale = False
@@ -56,7 +52,7 @@ class _Position:
         return cls(epoch, Segments.whole(size), 0)
 
 
-class DistributedSampler(TorchDistributedSampler):
+class DistributedSampler(EpochSampler, TorchDistributedSampler):
     """Give each of ``num_replicas`` ranks its own disjoint share of the dataset, epoch by epoch.
 
     A drop-in for :class:`torch.utils.data.DistributedSampler`, and an instance of it (so
@@ -127,50 +123,12 @@ class DistributedSampler(TorchDistributedSampler):
         if self.shuffle and permutation == "torch" and self.size >= TORCH_ORDER_WARN_SIZE:
             _warn_torch_scale(self.size)
         self._cached_order: tuple[tuple[Any, ...], Order] | None = None
-        self._generation = 0  # counts the moves of set_epoch and load_state_dict
-        self._stand_at(_Position.start_of(self._checked_epoch(0), self.size))
+        self._init_epochs()
 
     # -- the epoch ---------------------------------------------------------------------------
 
-    @property
-    def epoch(self) -> int:
-        """The epoch of the current pass, or of the next one after ``set_epoch``."""
-        return self._at.epoch
-
-    @epoch.setter
-    def epoch(self, epoch: int) -> None:  # torch's attribute: assigning it is set_epoch
-        self.set_epoch(epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass use exactly ``epoch``.
-
-        A position restored by :meth:`load_state_dict` for this same epoch is kept, so the
-        usual ``load_state_dict(...); for e in ...: set_epoch(e)`` loop resumes mid-epoch.
-        """
-        epoch = self._checked_epoch(epoch)
-        if not (self._fresh and epoch == self._at.epoch):
-            self._stand_at(_Position.start_of(epoch, self.size))
-
-    def _checked_epoch(self, epoch: object) -> int:
-        epoch = require_int("epoch", epoch)
-        if not SEED_MIN <= self.seed + epoch <= SEED_MAX:
-            raise ValueError(
-                f"epoch {epoch} with seed {self.seed} gives the generator seed "
-                f"{self.seed + epoch}, outside [{SEED_MIN}, {SEED_MAX}]; use a smaller seed"
-            )
-        return epoch
-
-    def _stand_at(self, at: _Position) -> None:
-        """Move to ``at`` with no pass begun there yet: the next pass starts from it."""
-        self._at = at
-        self._fresh = True
-        self._active: _Pass | None = None
-        self._generation += 1
-
-    def _begin(self, run: _Pass) -> None:
-        """``run`` was asked for its first index: unless the sampler moved since, it is current."""
-        if run.generation == self._generation:
-            self._at, self._fresh, self._active = run.at, False, run
+    def _start_of(self, epoch: int) -> _Position:
+        return _Position.start_of(epoch, self.size)
 
     @property
     def effective_permutation(self) -> str:
@@ -198,12 +156,14 @@ class DistributedSampler(TorchDistributedSampler):
         """All ranks' shares together, repeats included, as torch's attribute."""
         return split_total(self._at.segments.length, self.num_replicas, self.remainder)
 
-    def __len__(self) -> int:
-        """How many indices the current pass, or the next one after ``set_epoch``, yields here."""
-        return max(0, self.num_samples - self._at.offset)
-
     def _share(self, at: _Position) -> int:
         return rank_count(at.segments.length, self.num_replicas, self.rank, self.remainder)
+
+    def _pass_length(self, at: _Position) -> int:
+        return max(0, self._share(at) - at.offset)
+
+    def _pass_context(self, at: _Position) -> Order:
+        return self._order_of(at.epoch)
 
     def _positions(self, at: _Position, start: int, stop: int) -> np.ndarray:
         """Unwrapped split positions (uint64) of pass positions ``[start, stop)`` from ``at``."""
@@ -217,15 +177,6 @@ class DistributedSampler(TorchDistributedSampler):
             positions = positions % np.uint64(length)  # padding repeats wrap around
         return order.take(at.segments.take(positions.astype(np.int64)))
 
-    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Indices ``start:stop`` of this rank's current pass, as int64; computes only those.
-
-        >>> DistributedSampler(10, 2, 1, permutation="feistel").indices(0, 3).shape
-        (3,)
-        """
-        start, stop = _bounds(start, stop, len(self))
-        return self._take(self._at, self._order_of(self._at.epoch), start, stop)
-
     def padding_mask(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """``True`` where position ``start:stop`` of this rank's pass is a padding repeat.
 
@@ -234,7 +185,7 @@ class DistributedSampler(TorchDistributedSampler):
         >>> DistributedSampler(7, 3, 2, shuffle=False).padding_mask().tolist()
         [False, False, True]
         """
-        start, stop = _bounds(start, stop, len(self))
+        start, stop = bounds(start, stop, len(self))
         return self._positions(self._at, start, stop) >= self._at.segments.length
 
     def dropped(self) -> np.ndarray:
@@ -247,13 +198,6 @@ class DistributedSampler(TorchDistributedSampler):
         kept = split_total(length, self.num_replicas, self.remainder)
         positions = np.arange(min(kept, length), length, dtype=np.int64)
         return self._order_of(self._at.epoch).take(self._at.segments.take(positions))
-
-    def __iter__(self) -> Iterator[int]:
-        if self._fresh:
-            at = self._at
-        else:  # a pass already began here: this one is the next epoch
-            at = _Position.start_of(self._checked_epoch(self._at.epoch + 1), self.size)
-        return _Pass(self, at, self._generation).iterator()
 
     # -- checks across ranks -------------------------------------------------------------------
 
@@ -289,9 +233,9 @@ class DistributedSampler(TorchDistributedSampler):
 
         The state is plain data (ints, strings, lists): ``json`` and ``torch.save`` keep it.
         """
-        share, run = len(self), self._active
+        share = len(self)
         if consumed is None:
-            used, finished = (run.yielded, run.finished) if run is not None else (0, False)
+            used, finished = self._used()
         else:
             used = require_int("consumed", consumed, minimum=0)
             if used > share:
@@ -327,58 +271,9 @@ class DistributedSampler(TorchDistributedSampler):
                                        saved.remainder, saved.consumed)
             self._stand_at(_Position(saved.epoch, saved.segments.subset(left), 0))
 
-    def __getstate__(self) -> dict[str, Any]:
-        # A copy keeps the position, not a live pass or a cached permutation.
-        return {**self.__dict__, "_active": None, "_cached_order": None}
-
     def __repr__(self) -> str:
         options = ", ".join(f"{key}={value!r}" for key, value in self.config().items())
         return f"{type(self).__name__}(rank={self.rank}, {options})"
-
-
-class _Pass:
-    """One iteration over this rank's share from a fixed position.
-
-    Its indices come in chunks through C-level chained list iterators, so handing out an index
-    costs no more than iterating torch's list; the chunk in hand tells how many were yielded.
-    """
-
-    def __init__(self, sampler: DistributedSampler, at: _Position, generation: int) -> None:
-        self.sampler, self.at, self.generation = sampler, at, generation
-        self.length = max(0, sampler._share(at) - at.offset)
-        self._order: Order | None = None
-        self._cursor: tuple[int, Iterator[int]] = (0, iter(()))
-        self.finished = False  # asked for an index after its last one
-
-    def iterator(self) -> Iterator[int]:
-        return itertools.chain.from_iterable(itertools.starmap(self._open, self._pieces()))
-
-    def _pieces(self) -> Iterator[tuple[int, int]]:
-        """``(start, stop)`` chunks of the pass: a small first one, so the first index is quick.
-
-        An empty pass still gives one empty chunk, so asking it for an index begins it.
-        """
-        start, size = 0, _FIRST_CHUNK
-        while True:
-            yield start, min(self.length, start + size)
-            start, size = start + size, _CHUNK
-            if start >= self.length:
-                break
-        self.finished = True  # runs only when the last chunk is used up and one more is asked
-
-    def _open(self, start: int, stop: int) -> Iterator[int]:
-        if self._order is None:  # the first request: the pass begins
-            self.sampler._begin(self)
-            self._order = self.sampler._order_of(self.at.epoch)
-        block = iter(self.sampler._take(self.at, self._order, start, stop).tolist())
-        self._cursor = (stop, block)
-        return block
-
-    @property
-    def yielded(self) -> int:
-        """Indices handed out: the chunk's end less what it still holds."""
-        stop, block = self._cursor
-        return stop - block.__length_hint__()
 
 
 @dataclass(frozen=True)
@@ -438,11 +333,6 @@ def _read_segments(pairs: object, size: int) -> Segments:
         intervals.append((begin, end))
         previous_end = end
     return Segments(tuple(intervals))
-
-
-def _bounds(start: int, stop: int | None, length: int) -> tuple[int, int]:
-    start, stop, _ = slice(start, stop).indices(length)
-    return start, max(start, stop)
 
 
 def _size_of(dataset: object) -> int:

@@ -1,0 +1,184 @@
+"""Epochs and passes, shared by every shardwise sampler.
+
+A sampler here is a pure function of ``(seed, epoch)`` and a position in the epoch; this base
+class keeps that position and turns it into passes:
+
+- ``set_epoch(e)`` makes the next pass use exactly epoch ``e``; without it each pass starts the
+  next epoch (0, 1, 2, ...) instead of repeating one.
+- ``iter(sampler)`` is a pass fixed when it is made: ``set_epoch``, ``load_state_dict`` or another
+  ``iter()`` never change a live pass. It counts once it is asked for an index, so an iterator
+  made and dropped (torch's DataLoader makes one) changes nothing.
+- Indices come in chunks through C-level chained list iterators: handing one out costs no more
+  than iterating a list, and the chunk in hand tells how many were handed out.
+
+A subclass says where an epoch starts (``_start_of``), how long a pass from a position is
+(``_pass_length``), what a pass needs computed once (``_pass_context``, e.g. a permutation) and
+which indices a stretch of the pass holds (``_take``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from shardwise.checks import require_int
+
+# What torch.Generator.manual_seed takes; seed + epoch, torch's generator seed, must fit too.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+FIRST_CHUNK = 256  # the first index must come at once, even when a pass is costly to start
+CHUNK = 1 << 16
+
+
+class Position(Protocol):
+    """Where a pass starts: at least its epoch."""
+
+    epoch: int
+
+
+class EpochSampler(Sampler[int]):
+    """The epoch and pass machinery; see the module docstring."""
+
+    seed: int
+
+    def _start_of(self, epoch: int) -> Any:
+        """The position at the start of ``epoch``."""
+        raise NotImplementedError
+
+    def _pass_length(self, at: Any) -> int:
+        """How many indices a pass from ``at`` yields."""
+        raise NotImplementedError
+
+    def _pass_context(self, at: Any) -> Any:
+        """What a pass from ``at`` computes once and reuses for every chunk (default: nothing)."""
+        return None
+
+    def _take(self, at: Any, context: Any, start: int, stop: int) -> np.ndarray:
+        """Indices ``start:stop`` of the pass from ``at``, as int64."""
+        raise NotImplementedError
+
+    # -- the epoch ---------------------------------------------------------------------------
+
+    def _init_epochs(self) -> None:
+        self._generation = 0  # counts the moves of set_epoch and load_state_dict
+        self._stand_at(self._start_of(self._checked_epoch(0)))
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current pass, or of the next one after ``set_epoch``."""
+        return self._at.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:  # torch's attribute: assigning it is set_epoch
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass use exactly ``epoch``.
+
+        A position restored by ``load_state_dict`` for this same epoch is kept, so the usual
+        ``load_state_dict(...); for e in ...: set_epoch(e)`` loop resumes mid-epoch.
+        """
+        epoch = self._checked_epoch(epoch)
+        if not (self._fresh and epoch == self._at.epoch):
+            self._stand_at(self._start_of(epoch))
+
+    def _checked_epoch(self, epoch: object) -> int:
+        epoch = require_int("epoch", epoch)
+        if not SEED_MIN <= self.seed + epoch <= SEED_MAX:
+            raise ValueError(
+                f"epoch {epoch} with seed {self.seed} gives the generator seed "
+                f"{self.seed + epoch}, outside [{SEED_MIN}, {SEED_MAX}]; use a smaller seed"
+            )
+        return epoch
+
+    def _stand_at(self, at: Any) -> None:
+        """Move to ``at`` with no pass begun there yet: the next pass starts from it."""
+        self._at = at
+        self._fresh = True
+        self._active: Pass | None = None
+        self._generation += 1
+
+    def _begin(self, run: Pass) -> None:
+        """``run`` was asked for its first index: unless the sampler moved since, it is current."""
+        if run.generation == self._generation:
+            self._at, self._fresh, self._active = run.at, False, run
+
+    def _used(self) -> tuple[int, bool]:
+        """How many indices the current pass handed out, and whether it was asked past its end."""
+        run = self._active
+        return (run.yielded, run.finished) if run is not None else (0, False)
+
+    # -- this rank's sequence ------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """How many indices the current pass, or the next one after ``set_epoch``, yields here."""
+        return self._pass_length(self._at)
+
+    def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Indices ``start:stop`` of this rank's current pass, as int64; computes only those."""
+        start, stop = bounds(start, stop, len(self))
+        return self._take(self._at, self._pass_context(self._at), start, stop)
+
+    def __iter__(self) -> Iterator[int]:
+        if self._fresh:
+            at = self._at
+        else:  # a pass already began here: this one is the next epoch
+            at = self._start_of(self._checked_epoch(self._at.epoch + 1))
+        return Pass(self, at, self._generation).iterator()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy keeps the position, not a live pass or anything cached.
+        return {key: None if key == "_active" or key.startswith("_cached") else value
+                for key, value in self.__dict__.items()}
+
+
+class Pass:
+    """One iteration over a sampler's share from a fixed position."""
+
+    def __init__(self, sampler: EpochSampler, at: Any, generation: int) -> None:
+        self.sampler, self.at, self.generation = sampler, at, generation
+        self.length = sampler._pass_length(at)
+        self._context: Any = None
+        self._begun = False
+        self._cursor: tuple[int, Iterator[int]] = (0, iter(()))
+        self.finished = False  # asked for an index after its last one
+
+    def iterator(self) -> Iterator[int]:
+        return itertools.chain.from_iterable(itertools.starmap(self._open, self._pieces()))
+
+    def _pieces(self) -> Iterator[tuple[int, int]]:
+        """``(start, stop)`` chunks of the pass: a small first one, so the first index is quick.
+
+        An empty pass still gives one empty chunk, so asking it for an index begins it.
+        """
+        start, size = 0, FIRST_CHUNK
+        while True:
+            yield start, min(self.length, start + size)
+            start, size = start + size, CHUNK
+            if start >= self.length:
+                break
+        self.finished = True  # runs only when the last chunk is used up and one more is asked
+
+    def _open(self, start: int, stop: int) -> Iterator[int]:
+        if not self._begun:  # the first request: the pass begins
+            self._begun = True
+            self.sampler._begin(self)
+            self._context = self.sampler._pass_context(self.at)
+        block = iter(self.sampler._take(self.at, self._context, start, stop).tolist())
+        self._cursor = (stop, block)
+        return block
+
+    @property
+    def yielded(self) -> int:
+        """Indices handed out: the chunk's end less what it still holds."""
+        stop, block = self._cursor
+        return stop - block.__length_hint__()
+
+
+def bounds(start: int, stop: int | None, length: int) -> tuple[int, int]:
+    """``start:stop`` of a sequence of ``length`` as non-negative, ordered bounds."""
+    start, stop, _ = slice(start, stop).indices(length)
+    return start, max(start, stop)
