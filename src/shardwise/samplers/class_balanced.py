@@ -1,0 +1,194 @@
+"""``ClassBalancedSampler``: every class in every round, on every rank ("equibatch").
+
+Each rank's stream is a series of rounds; a round holds every class exactly once, in a fresh
+random class order. So any ``|C|`` consecutive samples of a round-aligned stretch hold every class,
+and a batch size that is a multiple of ``|C|`` puts every class in every batch.
+
+A class's samples come from its pool, shuffled afresh each epoch from ``(seed, epoch)`` and split
+disjointly over the ranks (rank ``r`` takes pool positions ``r, r + W, ...``). A rank draws its
+share of a class in order; when a small class's share runs out before the epoch ends, the share
+is reshuffled and drawn again, so within an epoch a sample repeats only when its class must be
+oversampled. A class with fewer samples than ranks cannot be split: every rank then draws from
+all of it. Every permutation is a keyed Feistel network, so the sample at any stream position is
+computed directly: O(|C|) to resume anywhere, nothing stored per epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardwise.checks import require_int
+from shardwise.distributed.world import resolve_world
+from shardwise.mix import mix64, mix_ints
+from shardwise.order import FeistelOrder
+from shardwise.samplers.passes import SEED_MAX, SEED_MIN, EpochSampler
+from shardwise.split import rank_count
+
+STATE_VERSION = 1
+_FINGERPRINT_POINTS = 64
+
+
+@dataclass(frozen=True)
+class _Position:
+    epoch: int
+    offset: int  # samples of this rank's stream consumed before the pass (a resume)
+
+
+class ClassBalancedSampler(EpochSampler):
+    """Per-rank streams of rounds, each round every class once, in a fresh random order.
+
+    Args:
+        labels: one class label per sample (a list, NumPy array or tensor; ints or strings).
+        num_replicas, rank: the world, from the process group or the environment by default.
+        seed: the same on every rank.
+        num_samples: the length of each rank's stream per epoch; default ``ceil(N / W)``.
+
+    Deterministic in ``(seed, epoch)``; ``set_epoch``, automatic epochs, passes, and
+    ``state_dict`` / ``load_state_dict`` behave as :class:`shardwise.DistributedSampler`'s
+    (a state resumes on the world size it was saved with).
+
+    >>> sampler = ClassBalancedSampler([0, 0, 0, 0, 1, 1, 2], num_replicas=1, rank=0)
+    >>> stream = [[0, 0, 0, 0, 1, 1, 2][i] for i in sampler]
+    >>> [sorted(stream[k:k + 3]) for k in (0, 3)]
+    [[0, 1, 2], [0, 1, 2]]
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[Any] | np.ndarray | torch.Tensor,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        num_samples: int | None = None,
+    ) -> None:
+        codes, self.classes = _class_codes(labels)
+        self.size = len(codes)
+        self.num_replicas, self.rank = resolve_world(num_replicas, rank)
+        self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
+        default = -(-self.size // self.num_replicas)
+        self.num_samples = default if num_samples is None else require_int(
+            "num_samples", num_samples, minimum=0)
+        self.class_sizes = np.bincount(codes, minlength=len(self.classes))
+        self._members = np.argsort(codes, kind="stable")  # class c's samples, in index order
+        self._starts = np.concatenate([[0], np.cumsum(self.class_sizes)])
+        self._fingerprint_points = codes[np.linspace(0, self.size - 1, _FINGERPRINT_POINTS,
+                                                     dtype=np.int64)]
+        self._init_epochs()
+
+    # -- the stream ------------------------------------------------------------------------------
+
+    def _start_of(self, epoch: int) -> _Position:
+        return _Position(epoch, 0)
+
+    def _pass_length(self, at: _Position) -> int:
+        return max(0, self.num_samples - at.offset)
+
+    def _take(self, at: _Position, context: Any, start: int, stop: int) -> np.ndarray:
+        positions = np.arange(at.offset + start, at.offset + stop, dtype=np.int64)
+        return self.stream(at.epoch, positions)
+
+    def stream(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The samples at ``positions`` of this rank's stream in ``epoch`` (any positions, any order).
+
+        >>> sampler = ClassBalancedSampler(["a", "b", "b"], num_replicas=1, rank=0)
+        >>> sampler.stream(0, np.arange(4)).shape
+        (4,)
+        """
+        count = len(self.classes)
+        rounds, slots = np.divmod(positions, count)
+        classes = self._round_orders(epoch, rounds)[np.arange(len(positions)), slots]
+        out = np.empty(len(positions), dtype=np.int64)
+        # The q-th round holds each class once: so its draw of a class is that class's q-th.
+        for klass in np.unique(classes):
+            chosen = classes == klass
+            out[chosen] = self._draws(epoch, int(klass), rounds[chosen])
+        return out
+
+    def _round_orders(self, epoch: int, rounds: np.ndarray) -> np.ndarray:
+        """The class order of each round: a permutation of the classes per row."""
+        key = np.uint64(mix_ints(self.seed, epoch, self.rank, 0xC1A55))
+        round_keys = mix64(key ^ rounds.astype(np.uint64))
+        slot_keys = mix64(round_keys[:, None] ^ np.arange(len(self.classes), dtype=np.uint64))
+        return np.argsort(slot_keys, axis=1)
+
+    def _draws(self, epoch: int, klass: int, draws: np.ndarray) -> np.ndarray:
+        """The samples of a class's ``draws``-th draws on this rank (drawing past the share reshuffles it)."""
+        size = int(self.class_sizes[klass])
+        world, rank = self.num_replicas, self.rank
+        split = size >= world  # too small to split: every rank draws from all of it
+        share = rank_count(size, world, rank, "uneven") if split else size
+        cycles, places = np.divmod(draws, share)
+        for cycle in np.unique(cycles[cycles > 0]):
+            again = cycles == cycle
+            reshuffled = FeistelOrder(share, mix_ints(self.seed, klass, rank, int(cycle)), epoch)
+            places[again] = reshuffled.take(places[again])
+        pool_positions = places * world + rank if split else places
+        pool = FeistelOrder(size, mix_ints(self.seed, klass), epoch)  # the same on every rank
+        start = self._starts[klass]
+        return self._members[start + pool.take(pool_positions)]
+
+    # -- checks across ranks ---------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        """What every rank must agree on: compared by :func:`shardwise.check_consistent`."""
+        return {"sampler": "ClassBalancedSampler", "size": self.size, "seed": self.seed,
+                "epoch": self.epoch, "classes": len(self.classes),
+                "num_replicas": self.num_replicas, "num_samples": self.num_samples}
+
+    def fingerprint(self) -> int:
+        """A digest of the labels (class sizes and labels at fixed positions) and the position."""
+        return mix_ints(self.size, *self.class_sizes[:_FINGERPRINT_POINTS].tolist(),
+                        *self._fingerprint_points.tolist(), self._at.offset)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where this rank's stream stands; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
+        share = len(self)
+        used = self._used()[0] if consumed is None else require_int("consumed", consumed, minimum=0)
+        if used > share:
+            raise ValueError(f"consumed={used} but this rank's pass has only {share} samples")
+        return {"version": STATE_VERSION, **self.config(), "consumed": self._at.offset + used}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the saved epoch at the saved stream position (on the same world size)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a sampler state is a dict, got {type(state).__name__}")
+        expected = {"version": STATE_VERSION, **self.config(), "epoch": state.get("epoch")}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"the state was saved with {key}={state.get(key)!r} but this sampler has "
+                    f"{key}={value!r}; a class-balanced stream resumes only where it was saved "
+                    "(start the next epoch with set_epoch on another world size)")
+        epoch = self._checked_epoch(state["epoch"])
+        consumed = require_int("saved consumed", state.get("consumed"), minimum=0)
+        if consumed > self.num_samples:
+            raise ValueError(f"the state says consumed={consumed} but the stream has only "
+                             f"{self.num_samples} samples")
+        self._stand_at(_Position(epoch, consumed))
+
+    def __repr__(self) -> str:
+        return f"ClassBalancedSampler(rank={self.rank}, " + ", ".join(
+            f"{key}={value!r}" for key, value in self.config().items() if key != "sampler") + ")"
+
+
+def _class_codes(labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each label's class number (classes sorted), and the classes."""
+    if isinstance(labels, torch.Tensor):
+        labels = labels.detach().cpu().numpy()
+    values = np.asarray(labels)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"labels must be a non-empty 1-D sequence (one label per sample), got "
+                         f"shape {values.shape}")
+    if values.dtype.kind == "f" and np.isnan(values).any():
+        raise ValueError("labels hold NaN: give every sample a class")
+    if values.dtype.kind == "O":
+        raise TypeError("labels must be numbers or strings of one type (a NumPy-sortable array)")
+    classes, codes = np.unique(values, return_inverse=True)
+    return codes.reshape(-1).astype(np.int64), classes

@@ -1,0 +1,166 @@
+"""``WeightedDistributedSampler``: torch's ``WeightedRandomSampler``, spread over ranks, at any size.
+
+With replacement each rank draws its own stream, from its own child of one root seed, so no two
+ranks ever draw the same stream; a draw is one uniform number looked up in the weights'
+cumulative sums (no limit on the number of categories, where ``torch.multinomial`` stops at
+2^24). The stream's generator (PCG64) jumps to any position, so a resume costs nothing.
+Without replacement one global weighted permutation of all samples (Efraimidis and Spirakis'
+exponential keys) is split over the ranks: no sample is drawn twice across the whole world.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardwise.checks import require_bool, require_int
+from shardwise.distributed.world import resolve_world
+from shardwise.mix import mix_ints
+from shardwise.samplers.passes import SEED_MAX, SEED_MIN, EpochSampler
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class _Position:
+    epoch: int
+    offset: int
+
+
+class WeightedDistributedSampler(EpochSampler):
+    """Draw ``num_samples`` indices a rank, each ``i`` with probability proportional to ``weights[i]``.
+
+    Args:
+        weights: one non-negative weight per sample (a sequence, NumPy array or tensor).
+        num_samples: draws per rank per epoch.
+        replacement: draw with replacement (independent per-rank streams) or without (one global
+            weighted permutation, split over the ranks: ``num_samples * W`` may not exceed the
+            number of positive weights).
+        num_replicas, rank: the world, from the process group or the environment by default.
+        seed: the same on every rank.
+
+    Passes, ``set_epoch``, automatic epochs and ``state_dict`` / ``load_state_dict`` behave as
+    :class:`shardwise.DistributedSampler`'s (a state resumes on the world size it was saved with).
+
+    >>> sampler = WeightedDistributedSampler([0.0, 1.0, 0.0, 3.0], 6, num_replicas=2, rank=0)
+    >>> sorted(set(sampler))
+    [1, 3]
+    """
+
+    def __init__(
+        self,
+        weights: Sequence[float] | np.ndarray | torch.Tensor,
+        num_samples: int,
+        replacement: bool = True,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.weights = _checked_weights(weights)
+        self.num_samples = require_int("num_samples", num_samples, minimum=0)
+        self.replacement = require_bool("replacement", replacement)
+        self.num_replicas, self.rank = resolve_world(num_replicas, rank)
+        self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
+        positive = int(np.count_nonzero(self.weights))
+        if not self.replacement and self.num_samples * self.num_replicas > positive:
+            raise ValueError(
+                f"without replacement {self.num_replicas} ranks cannot draw {self.num_samples} "
+                f"samples each: only {positive} samples have a positive weight; lower "
+                "num_samples or pass replacement=True")
+        self._cumulative = np.cumsum(self.weights)
+        self._cached_permutation: tuple[int, np.ndarray] | None = None
+        self._init_epochs()
+
+    def _start_of(self, epoch: int) -> _Position:
+        return _Position(epoch, 0)
+
+    def _pass_length(self, at: _Position) -> int:
+        return max(0, self.num_samples - at.offset)
+
+    def _take(self, at: _Position, context: Any, start: int, stop: int) -> np.ndarray:
+        first, count = at.offset + start, stop - start
+        if not self.replacement:
+            positions = np.arange(first, first + count, dtype=np.int64)
+            return self._permutation(at.epoch)[positions * self.num_replicas + self.rank]
+        generator = np.random.PCG64(self._stream_seed(at.epoch))
+        generator.advance(first)  # one 64-bit draw a sample: jump straight to the position
+        uniform = np.random.Generator(generator).random(count) * self._cumulative[-1]
+        return np.searchsorted(self._cumulative, uniform, side="right").astype(np.int64)
+
+    def _stream_seed(self, epoch: int) -> np.random.SeedSequence:
+        """This rank's child of the epoch's root seed: children of one root never coincide."""
+        root = [self.seed % 2**64, epoch % 2**64]
+        return np.random.SeedSequence(root, spawn_key=(self.rank,))
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's global weighted permutation: the same on every rank (exponential keys)."""
+        if self._cached_permutation is None or self._cached_permutation[0] != epoch:
+            self._cached_permutation = None
+            uniform = np.random.Generator(np.random.PCG64(
+                np.random.SeedSequence([self.seed % 2**64, epoch % 2**64]))).random(
+                len(self.weights))
+            with np.errstate(divide="ignore"):
+                keys = -np.log1p(-uniform) / self.weights  # exponential, rate w: zero weight, inf
+            order = np.argsort(keys, kind="stable")[: self.num_samples * self.num_replicas]
+            self._cached_permutation = (epoch, order.astype(np.int64))
+        return self._cached_permutation[1]
+
+    # -- checks across ranks ---------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        """What every rank must agree on: compared by :func:`shardwise.check_consistent`."""
+        return {"sampler": "WeightedDistributedSampler", "size": len(self.weights),
+                "seed": self.seed, "epoch": self.epoch, "num_samples": self.num_samples,
+                "replacement": self.replacement, "num_replicas": self.num_replicas}
+
+    def fingerprint(self) -> int:
+        """A digest of the weights (their sum and a few cumulative sums) and the position."""
+        points = np.linspace(0, len(self.weights) - 1, 64, dtype=np.int64)
+        sums = self._cumulative[points].view(np.int64).tolist()
+        return mix_ints(len(self.weights), *sums, self._at.offset)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where this rank's draws stand; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
+        share = len(self)
+        used = self._used()[0] if consumed is None else require_int("consumed", consumed, minimum=0)
+        if used > share:
+            raise ValueError(f"consumed={used} but this rank's pass has only {share} samples")
+        return {"version": STATE_VERSION, **self.config(), "consumed": self._at.offset + used}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the saved epoch at the saved position (on the same world size)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a sampler state is a dict, got {type(state).__name__}")
+        expected = {"version": STATE_VERSION, **self.config(), "epoch": state.get("epoch")}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"the state was saved with {key}={state.get(key)!r} but this sampler has "
+                    f"{key}={value!r}; build the sampler as it was when the state was saved")
+        epoch = self._checked_epoch(state["epoch"])
+        consumed = require_int("saved consumed", state.get("consumed"), minimum=0)
+        if consumed > self.num_samples:
+            raise ValueError(f"the state says consumed={consumed} but a rank draws only "
+                             f"{self.num_samples}")
+        self._stand_at(_Position(epoch, consumed))
+
+
+def _checked_weights(weights: Any) -> np.ndarray:
+    if isinstance(weights, torch.Tensor):
+        weights = weights.detach().cpu().numpy()
+    values = np.asarray(weights, dtype=np.float64)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"weights must be a non-empty 1-D sequence, got shape {values.shape}")
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+    if bad.size:
+        raise ValueError(f"weights[{bad[0]}] = {values[bad[0]]} is not a finite, non-negative "
+                         f"number ({bad.size} such weights)")
+    if not values.any():
+        raise ValueError("all weights are zero: at least one sample needs a positive weight")
+    return values

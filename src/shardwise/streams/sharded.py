@@ -1,0 +1,121 @@
+"""``ShardedIterable``: a stream, or a list of shards, split over ranks and DataLoader workers.
+
+Data that cannot be indexed (a stream of records, tar shards, lines of files, a streaming
+dataset) is split over every consumer of the job: ``rank * num_workers + worker``, for
+``world_size * num_workers`` consumers in all. Nothing is read twice and nothing is lost:
+
+- a list of shards with at least as many shards as consumers: consumer ``c`` reads shards
+  ``c, c + C, c + 2C, ...`` whole (no shard is opened by two consumers);
+- fewer shards, or a plain stream: every consumer reads the items in order and keeps items
+  ``c, c + C, ...`` (each reads everything; nothing is kept twice).
+
+Progress is kept as (shard, offset) per consumer, so ``state_dict()`` resumes mid-stream, mid-shard
+without reading the shards already done. torchdata's ``StatefulDataLoader`` saves and restores it
+per worker; with no workers it is this object's own. Each new pass starts from the beginning,
+but the first pass after ``load_state_dict``. Pass a stream that can be iterated again (a list,
+a dataset; not a one-off generator), or, for one that must be reopened, ``shards=[open_it]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardwise.checks import require_int
+from shardwise.distributed.world import resolve_world
+
+STATE_VERSION = 1
+Shard = Iterable[Any] | Callable[[], Iterable[Any]]
+
+
+class ShardedIterable(IterableDataset):
+    """This rank's (and this DataLoader worker's) share of a stream or of a list of shards.
+
+    >>> [list(shard_iterable(range(10), rank=r, world_size=3)) for r in range(3)]
+    [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    >>> [list(shard_iterable(shards=[[0, 1], [2], [3, 4, 5]], rank=r, world_size=2)) for r in (0, 1)]
+    [[0, 1, 3, 4, 5], [2]]
+    """
+
+    def __init__(
+        self,
+        iterable: Iterable[Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        shards: Sequence[Shard] | None = None,
+    ) -> None:
+        if (iterable is None) == (shards is None):
+            raise ValueError("pass either an iterable (a stream of items) or shards= (a list of "
+                             "shards, each an iterable or a function that opens one), not both")
+        if shards is not None and (isinstance(shards, (str, bytes)) or not isinstance(shards, Sequence)):
+            raise TypeError(f"shards must be a list of shards, got {type(shards).__name__}")
+        self.world_size, self.rank = resolve_world(world_size, rank)
+        self.shards = list(shards) if shards is not None else [iterable]
+        self.streamed = shards is None
+        # consumer -> (its shard number, items read in it): this pass's, and a loaded one's
+        self._progress: dict[int, tuple[int, int]] = {}
+        self._resume: dict[int, tuple[int, int]] = {}
+
+    def consumer(self) -> tuple[int, int]:
+        """``(this consumer, all consumers)``: this rank and DataLoader worker among all of them."""
+        worker = get_worker_info()
+        workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
+        return self.rank * workers + worker_id, self.world_size * workers
+
+    def by_shard(self, consumers: int) -> bool:
+        """Whether consumers read whole shards (there are enough shards) or pick items."""
+        return not self.streamed and len(self.shards) >= consumers
+
+    def __iter__(self) -> Iterator[Any]:
+        me, consumers = self.consumer()
+        whole = self.by_shard(consumers)
+        # Whole shards, round-robin; or every shard, keeping every C-th item (rotated per shard
+        # so short shards do not all favour the first consumers).
+        mine = range(me, len(self.shards), consumers) if whole else range(len(self.shards))
+        number, offset = self._resume.pop(me, (0, 0))  # each pass starts afresh, unless resumed
+        self._progress[me] = (number, offset)
+        for number in range(number, len(mine)):
+            items = iter(_open(self.shards[mine[number]]))
+            if not whole:
+                items = islice(items, (me - mine[number]) % consumers, None, consumers)
+            for item in islice(items, offset, None):
+                offset += 1
+                self._progress[me] = (number, offset)
+                yield item
+            offset = 0
+            self._progress[me] = (number + 1, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each consumer's (shard number among its shards, items read in it): resumes mid-shard."""
+        return {"version": STATE_VERSION, "world_size": self.world_size,
+                "progress": {str(c): list(p) for c, p in self._progress.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved progress (the same world size and number of workers)."""
+        if state.get("version") != STATE_VERSION or state.get("world_size") != self.world_size:
+            raise ValueError(f"the state was saved by {state.get('world_size')!r} ranks (version "
+                             f"{state.get('version')!r}); this stream is split over "
+                             f"{self.world_size}: resume it on as many ranks")
+        self._resume = {int(c): (require_int("saved shard", p[0], minimum=0),
+                                 require_int("saved offset", p[1], minimum=0))
+                        for c, p in state["progress"].items()}
+        self._progress = dict(self._resume)
+
+
+def shard_iterable(
+    iterable: Iterable[Any] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    shards: Sequence[Shard] | None = None,
+) -> ShardedIterable:
+    """Split a stream (``iterable``) or a list of shards (``shards=``) over ranks and workers."""
+    return ShardedIterable(iterable, rank, world_size, shards=shards)
+
+
+def _open(shard: Shard) -> Iterable[Any]:
+    return shard() if callable(shard) and not hasattr(shard, "__iter__") else shard

@@ -1,0 +1,118 @@
+"""ClassBalancedSampler: every round every class once; ranks disjoint; repeats only to oversample."""
+
+from collections import Counter
+from itertools import islice
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise import ClassBalancedSampler, DataLoader, check_consistent
+
+class_sizes = st.lists(st.integers(1, 40), min_size=1, max_size=6)
+
+
+def make_labels(sizes, seed=0):
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    return np.random.default_rng(seed).permutation(labels)
+
+
+@settings(max_examples=120, deadline=None)
+@given(sizes=class_sizes, world=st.integers(1, 5), seed=st.integers(0, 2**32),
+       epoch=st.integers(0, 20), extra=st.integers(-5, 40))
+def test_rounds_hold_every_class_once_and_ranks_are_disjoint(sizes, world, seed, epoch, extra):
+    labels = make_labels(sizes, seed)
+    classes = len(sizes)
+    num_samples = max(0, -(-len(labels) // world) + extra)
+    streams = []
+    for rank in range(world):
+        sampler = ClassBalancedSampler(labels, world, rank, seed=seed, num_samples=num_samples)
+        sampler.set_epoch(epoch)
+        stream = list(sampler)
+        assert len(stream) == num_samples and stream == list(sampler.indices())
+        for start in range(0, len(stream) - classes + 1, classes):  # each whole round
+            assert sorted(labels[stream[start:start + classes]].tolist()) == list(range(classes))
+        streams.append(stream)
+    for klass, size in enumerate(sizes):
+        drawn = [[i for i in s if labels[i] == klass] for s in streams]
+        if size >= world:  # split disjointly: no sample on two ranks
+            owners = Counter(i for per_rank in drawn for i in set(per_rank))
+            assert set(owners.values()) <= {1}
+            for per_rank in drawn:  # on one rank, a sample repeats only once the share ran out
+                share = -(-size // world)
+                counts = Counter(per_rank)
+                if len(per_rank) <= share - 1:
+                    assert set(counts.values()) <= {1}
+
+
+def test_the_worked_example_and_determinism():
+    labels = ["cat"] * 6 + ["dog"] * 3 + ["eel"]
+    sampler = ClassBalancedSampler(labels, num_replicas=1, rank=0, seed=7)
+    first, again = list(sampler), list(ClassBalancedSampler(labels, 1, 0, seed=7))
+    assert first == again and len(first) == 10
+    assert list(sampler) != first  # the next epoch: new pools, new round orders
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+
+
+@pytest.mark.parametrize("labels", [[2, 0, 1, 1], np.array([2, 0, 1, 1]), torch.tensor([2, 0, 1, 1]),
+                                    ["b", "a", "c", "c"]], ids=["list", "numpy", "tensor", "str"])
+def test_labels_in_any_form(labels):
+    sampler = ClassBalancedSampler(labels, num_replicas=1, rank=0, num_samples=6)
+    assert len(list(sampler)) == 6 and len(sampler.classes) == 3
+
+
+def test_a_class_smaller_than_the_world_still_works():
+    labels = [0] * 30 + [1]  # one sample of class 1, four ranks
+    streams = [list(ClassBalancedSampler(labels, 4, r)) for r in range(4)]
+    assert all(s.count(30) == len(s) // 2 for s in streams)  # every rank draws it each round
+
+
+def test_a_batch_size_that_is_a_multiple_of_the_classes_gives_every_class_every_batch():
+    labels = make_labels([50, 20, 5])
+    data = torch.tensor(labels)
+    loader = DataLoader(data, batch_size=6, sampler=ClassBalancedSampler(labels, 1, 0))
+    assert all(set(batch.tolist()) == {0, 1, 2} for batch in loader)
+
+
+def test_resume_continues_the_stream_exactly():
+    labels = make_labels([30, 9, 4])
+    sampler = ClassBalancedSampler(labels, 2, 1, seed=3)
+    sampler.set_epoch(2)
+    iterator = iter(sampler)
+    head = list(islice(iterator, 13))
+    state = sampler.state_dict()
+    rest = list(iterator)
+    resumed = ClassBalancedSampler(labels, 2, 1, seed=3)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)
+    assert list(resumed) == rest and len(head) + len(rest) == 22
+
+
+@pytest.mark.parametrize("change,field", [({"num_replicas": 3, "rank": 0}, "num_replicas"),
+                                          ({"seed": 4}, "seed")])
+def test_a_state_from_another_configuration_is_refused(change, field):
+    labels = make_labels([10, 5])
+    state = ClassBalancedSampler(labels, 2, 1, seed=3).state_dict()
+    options = {"num_replicas": 2, "rank": 1, "seed": 3, **change}
+    with pytest.raises(ValueError, match=f"saved with {field}="):
+        ClassBalancedSampler(labels, **options).load_state_dict(state)
+
+
+@pytest.mark.parametrize("labels,error,message", [
+    ([], ValueError, "non-empty 1-D"), ([[0, 1]], ValueError, "non-empty 1-D"),
+    ([0.0, float("nan")], ValueError, "NaN"), ([1, "a", None], TypeError, "one type"),
+])
+def test_bad_labels_are_named(labels, error, message):
+    with pytest.raises(error, match=message):
+        ClassBalancedSampler(labels, 1, 0)
+
+
+def test_check_consistent_sees_its_configuration():
+    sampler = ClassBalancedSampler(make_labels([4, 4]), num_replicas=1, rank=0)
+    check_consistent(sampler)
+    assert sampler.config()["classes"] == 2
+    other = ClassBalancedSampler(make_labels([4, 4], seed=1), num_replicas=1, rank=0)
+    assert other.fingerprint() != sampler.fingerprint()  # different labels, same sizes

@@ -1,0 +1,159 @@
+"""WeightedDistributedSampler and DistributedSamplerWrapper: frequencies, disjointness, resume."""
+
+from collections import Counter
+from itertools import islice
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import RandomSampler, WeightedRandomSampler
+
+from shardwise import (
+    DataLoader,
+    DistributedSamplerWrapper,
+    InconsistentRanksError,
+    WeightedDistributedSampler,
+    check_consistent,
+    spawn_local,
+)
+
+CHI2_3_DOF_999 = 16.27  # the 99.9% point of the chi-square distribution with 3 degrees of freedom
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_draws_with_replacement_follow_the_weights(seed):
+    weights = np.array([1.0, 2.0, 3.0, 0.0, 4.0])
+    draws = Counter()
+    for rank in range(3):
+        draws.update(WeightedDistributedSampler(weights, 20_000, num_replicas=3, rank=rank,
+                                                seed=seed))
+    assert draws[3] == 0
+    total = 60_000
+    expected = weights[weights > 0] / weights.sum() * total
+    observed = np.array([draws[i] for i in np.flatnonzero(weights)])
+    assert ((observed - expected) ** 2 / expected).sum() < CHI2_3_DOF_999
+
+
+def test_ranks_draw_different_streams_and_each_stream_is_reproducible():
+    streams = [list(WeightedDistributedSampler(np.ones(1000), 200, num_replicas=4, rank=r))
+               for r in range(4)]
+    assert len({tuple(s) for s in streams}) == 4
+    assert streams[2] == list(WeightedDistributedSampler(np.ones(1000), 200, num_replicas=4,
+                                                         rank=2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 60), world=st.integers(1, 4), seed=st.integers(0, 2**32), data=st.data())
+def test_without_replacement_no_sample_is_drawn_twice_in_the_world(size, world, seed, data):
+    weights = np.array(data.draw(st.lists(st.floats(0.1, 10), min_size=size, max_size=size)))
+    per_rank = data.draw(st.integers(0, size // world))
+    shares = [list(WeightedDistributedSampler(weights, per_rank, False, world, r, seed=seed))
+              for r in range(world)]
+    everything = [i for share in shares for i in share]
+    assert len(everything) == len(set(everything)) == per_rank * world
+
+
+def test_without_replacement_heavy_samples_come_first():
+    weights = np.array([1000.0] * 5 + [0.001] * 995)
+    first = list(WeightedDistributedSampler(weights, 5, False, num_replicas=1, rank=0))
+    assert sorted(first) == [0, 1, 2, 3, 4]
+
+
+def test_beyond_torchs_limit_of_2_to_the_24_categories():
+    weights = np.ones(2**24 + 1)
+    weights[-1] = 1e6
+    with pytest.raises(RuntimeError, match="2\\^24"):
+        list(WeightedRandomSampler(weights, 10))
+    draws = WeightedDistributedSampler(weights, 1000, num_replicas=2, rank=1).indices()
+    assert draws.max() < len(weights) and (draws == len(weights) - 1).mean() > 0.01
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_resume_continues_exactly(replacement):
+    weights = np.arange(1.0, 101.0)
+    sampler = WeightedDistributedSampler(weights, 40, replacement, num_replicas=2, rank=1, seed=5)
+    sampler.set_epoch(3)
+    iterator = iter(sampler)
+    list(islice(iterator, 17))
+    state = sampler.state_dict()
+    rest = list(iterator)
+    resumed = WeightedDistributedSampler(weights, 40, replacement, num_replicas=2, rank=1, seed=5)
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest
+
+
+@pytest.mark.parametrize("weights,options,message", [
+    ([], {}, "non-empty 1-D"), ([1.0, -1.0], {}, r"weights\[1\] = -1.0"),
+    ([1.0, float("inf")], {}, "not a finite"), ([0.0, 0.0], {}, "all weights are zero"),
+    ([1.0, 1.0], {"replacement": False, "num_samples": 2}, "only 2 samples have a positive weight"),
+])
+def test_bad_weights_are_named(weights, options, message):
+    arguments = {"num_samples": 1, "num_replicas": 2, "rank": 0, **options}
+    with pytest.raises(ValueError, match=message):
+        WeightedDistributedSampler(weights, **arguments)
+
+
+def test_wrapper_splits_any_samplers_epoch_with_every_index_once():
+    def inner():
+        return RandomSampler(range(23), generator=torch.Generator().manual_seed(4))
+
+    shares = [list(DistributedSamplerWrapper(inner(), 3, r, remainder="uneven")) for r in range(3)]
+    assert sorted(i for share in shares for i in share) == list(range(23))
+    assert [len(s) for s in shares] == [8, 8, 7]
+
+
+def test_wrapper_forwards_set_epoch_to_the_inner_sampler():
+    class Epochs(torch.utils.data.Sampler):
+        def __init__(self):
+            self.epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+        def __len__(self):
+            return 6
+
+        def __iter__(self):
+            return iter(np.roll(np.arange(6), self.epoch).tolist())
+
+    wrapper = DistributedSamplerWrapper(Epochs(), 2, 0)
+    wrapper.set_epoch(2)
+    assert list(wrapper) == [4, 0, 2]
+    assert list(wrapper) == [3, 5, 1]  # the next epoch, 3
+
+
+def test_wrapper_resumes_elastically():
+    def inner():
+        return RandomSampler(range(50), generator=torch.Generator().manual_seed(1))
+
+    before = [DistributedSamplerWrapper(inner(), 4, r, remainder="uneven") for r in range(4)]
+    trained = [i for s in before for i in islice(iter(s), 5)]
+    state = before[0].state_dict(consumed=5)
+    after = [DistributedSamplerWrapper(inner(), 3, r, remainder="uneven") for r in range(3)]
+    for sampler in after:
+        sampler.load_state_dict(state)
+        trained += list(sampler)
+    assert sorted(trained) == list(range(50))
+
+
+def _wrapped_on_every_rank(seeded: bool) -> str:
+    generator = torch.Generator().manual_seed(0) if seeded else None
+    if not seeded:
+        torch.manual_seed(dist.get_rank())  # each rank's own random state: a different order
+    wrapper = DistributedSamplerWrapper(RandomSampler(range(40), generator=generator))
+    try:
+        check_consistent(wrapper)
+        next(iter(DataLoader(range(40), sampler=wrapper)))
+    except InconsistentRanksError as error:
+        return "differ: " + str(error)
+    return "agree"
+
+
+@pytest.mark.timeout(120)
+def test_ranks_whose_inner_orders_differ_are_stopped():
+    assert spawn_local(_wrapped_on_every_rank, 2, True, timeout=100) == ["agree", "agree"]
+    for message in spawn_local(_wrapped_on_every_rank, 2, False, timeout=100):
+        assert message.startswith("differ:") and "fingerprint" in message
