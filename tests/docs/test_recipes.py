@@ -1,8 +1,9 @@
 """Every Python block in the README and in docs/ is a whole script: each runs here as users run it.
 
-A block whose first line names ``torchrun --nproc-per-node N`` runs under torchrun with N local
-gloo processes; any other block runs with plain ``python``. The scripts check their own claims
-with ``assert``, so a recipe that stops being true fails here.
+A block whose leading comments name ``torchrun --nproc-per-node N`` runs under torchrun with N
+local gloo processes; any other block runs with plain ``python``. A leading ``# needs: package``
+skips the block where that package is not installed. The scripts check their own claims with
+``assert``, so a recipe that stops being true fails here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TORCHRUN = re.compile(r"torchrun --nproc-per-node[ =](\d+)")
+NEEDS = re.compile(r"^# needs: (\w+)", re.MULTILINE)
 
 
 def python_blocks(path: Path) -> list[tuple[int, str]]:
@@ -44,9 +46,12 @@ def test_every_document_is_scanned_and_has_recipes():
 @pytest.mark.parametrize("doc,line,code", RECIPES,
                          ids=[f"{doc.name}:{line}" for doc, line, _ in RECIPES])
 def test_recipe_runs_as_a_whole_script(tmp_path: Path, doc: Path, line: int, code: str) -> None:
+    header = "\n".join(line for line in code.splitlines() if line.startswith("#"))
+    for package in NEEDS.findall(header):
+        pytest.importorskip(package)
     script = tmp_path / "recipe.py"
     script.write_text(code)
-    launch = TORCHRUN.search(code.splitlines()[0])
+    launch = TORCHRUN.search(header)
     command = [sys.executable, str(script)]
     if launch:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -116,3 +116,22 @@ def test_check_consistent_sees_its_configuration():
     assert sampler.config()["classes"] == 2
     other = ClassBalancedSampler(make_labels([4, 4], seed=1), num_replicas=1, rank=0)
     assert other.fingerprint() != sampler.fingerprint()  # different labels, same sizes
+
+
+def _balanced_on_every_rank() -> list[int]:
+    sampler = ClassBalancedSampler(make_labels([40, 30, 20, 3]), seed=9)  # world from the group
+    sampler.set_epoch(1)
+    return list(sampler)
+
+
+@pytest.mark.timeout(120)
+def test_three_gloo_ranks_draw_disjoint_balanced_streams():
+    from shardwise import spawn_local
+
+    labels = make_labels([40, 30, 20, 3])
+    streams = spawn_local(_balanced_on_every_rank, 3, timeout=100)
+    for stream in streams:
+        assert len(stream) == 31 and all(sorted(labels[stream[k:k + 4]].tolist()) == [0, 1, 2, 3]
+                                          for k in range(0, 28, 4))
+    big = [set(i for i in s if labels[i] != 3) for s in streams]  # classes split over 3 ranks
+    assert not (big[0] & big[1]) and not (big[1] & big[2]) and not (big[0] & big[2])

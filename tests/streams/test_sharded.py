@@ -114,3 +114,37 @@ def test_exactly_one_source_is_given():
 def test_items_are_tensors_too():
     stream = shard_iterable([torch.tensor([i]) for i in range(6)], rank=1, world_size=2)
     assert [int(t) for t in stream] == [1, 3, 5]
+
+
+class SelfSplitting(torch.utils.data.IterableDataset):
+    """A stream that splits itself over DataLoader workers, as Hugging Face's and webdataset's do."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        worker = torch.utils.data.get_worker_info()
+        start, step = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        return iter(self.items[start::step])
+
+
+@pytest.mark.parametrize("lengths", [[3, 4, 5, 6, 7], [20]], ids=["shards", "items"])
+def test_shards_that_split_themselves_over_workers_are_still_read_whole(lengths):
+    shards = [SelfSplitting(shard) for shard in shards_of(lengths)]
+    stream = shard_iterable(shards=shards, rank=0, world_size=1)
+    seen = Counter((int(s), int(i)) for s, i in TorchLoader(stream, batch_size=None, num_workers=2))
+    assert seen == everything(lengths)
+
+
+def _on_every_rank() -> list:
+    stream = shard_iterable(shards=shards_of([3, 5, 2, 7, 1, 4]))  # world and rank from the group
+    loader = DataLoader(stream, batch_size=None, num_workers=2, worker_type="thread")
+    return [tuple(map(int, item)) for item in loader]
+
+
+@pytest.mark.timeout(120)
+def test_three_gloo_ranks_read_every_item_once():
+    from shardwise import spawn_local
+
+    seen = Counter(item for share in spawn_local(_on_every_rank, 3, timeout=100) for item in share)
+    assert seen == everything([3, 5, 2, 7, 1, 4])

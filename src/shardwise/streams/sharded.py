@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
+import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardwise.checks import require_int
@@ -79,7 +80,7 @@ class ShardedIterable(IterableDataset):
         number, offset = self._resume.pop(me, (0, 0))  # each pass starts afresh, unless resumed
         self._progress[me] = (number, offset)
         for number in range(number, len(mine)):
-            items = iter(_open(self.shards[mine[number]]))
+            items = _open(self.shards[mine[number]])
             if not whole:
                 items = islice(items, (me - mine[number]) % consumers, None, consumers)
             for item in islice(items, offset, None):
@@ -117,5 +118,32 @@ def shard_iterable(
     return ShardedIterable(iterable, rank, world_size, shards=shards)
 
 
-def _open(shard: Shard) -> Iterable[Any]:
-    return shard() if callable(shard) and not hasattr(shard, "__iter__") else shard
+def _open(shard: Shard) -> Iterator[Any]:
+    """The shard's items. A dataset that splits itself over DataLoader workers (Hugging Face's
+    streaming datasets and webdataset's do) is shown no worker, so it is read whole: this
+    consumer owns it (or picks its items from all of it)."""
+    items = shard() if callable(shard) and not hasattr(shard, "__iter__") else shard
+    if isinstance(items, IterableDataset):
+        return _as_in_main_process(items)
+    return iter(items)
+
+
+def _as_in_main_process(dataset: IterableDataset) -> Iterator[Any]:
+    hidden = torch_worker._worker_info
+    if hidden is None:
+        yield from dataset
+        return
+    try:
+        torch_worker._worker_info = None
+        iterator = iter(dataset)
+    finally:
+        torch_worker._worker_info = hidden
+    while True:
+        torch_worker._worker_info = None  # only while the dataset makes its next item
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            torch_worker._worker_info = hidden
+        yield item
