@@ -22,7 +22,8 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.device import Background, ToDevice
 from shardwise.loader.pools import Event, ProcessPool, ThreadPool, start_method_context
-from shardwise.loader.position import PassRecord, new_record, replayed_randomness, resumable_sampler
+from shardwise.loader.position import (PassRecord, Resume, new_record, replayed_randomness,
+                                       resumable_sampler)
 from shardwise.loader.stats import Clock
 from shardwise.loader.workers import WorkerSpec
 
@@ -60,17 +61,42 @@ class LoaderIterator(Iterator[Any]):
         loader._check_ranks()  # before any worker starts: ranks that disagree stop here
         resume = loader._take_resume()
         self.record: PassRecord = new_record(loader)
+        self._open_indices(first, resume)
+        self.clock = Clock(self._workers)
+        self._fetcher = None if self._workers else _DatasetKind.create_fetcher(
+            loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
+        self._sent = self._received = 0
+        self._tasks: dict[int, _Task] = {}
+        self._active = [True] * self._workers
+        self._in_flight = [0] * self._workers
+        self._cycle = itertools.cycle(range(self._workers))
+        for _ in range((loader.prefetch_factor or 0) * self._workers):
+            self._dispatch()
+        self._source: Iterator[tuple[Any, int]] = self._produce()
+        if loader._pinning:  # pinned off the main thread, a few batches ahead
+            self._source = self._stage(Background(self._source, loader.prefetch_factor or 2))
+        if loader._device is not None:
+            self._source = self._stage(ToDevice(self._source, loader._device))
+        loader._on_pass_start(self)
+
+    def _open_indices(self, first: bool, resume: Resume | None) -> None:
+        """Start the pass's indices (and the workers), drawing as torch's loader draws.
+
+        torch's order: an iterator, the base seed, the workers, a second iterator. A resume
+        replays the interrupted pass's draws from its saved random states, skips the indices of
+        the batches already delivered, and seeds new workers with the saved base seed.
+        """
+        loader = self._loader
         replay = resume is not None and bool(resume.randomness)
         with replayed_randomness(loader, resume.randomness) if replay else nullcontext():
-            # torch's order of draws: an iterator, the base seed, workers, then a second iterator
             self._indices = iter(loader._index_sampler)
             if resume is None:
                 if first:
                     self._base_seed = self._draw_base_seed()
                 self.record.drew_base_seed = first
-            else:  # the saved seed, so workers are seeded as before; draws stay aligned
+            else:
                 if replay and resume.drew_base_seed:
-                    self._draw_base_seed()
+                    self._draw_base_seed()  # drawn and dropped: later draws stay aligned
                 if first:
                     self._base_seed = resume.base_seed
                 self.record.drew_base_seed = resume.drew_base_seed
@@ -93,22 +119,6 @@ class LoaderIterator(Iterator[Any]):
             if replay:  # what a sampler draws lazily is drawn now, from the restored state
                 self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
                                                 self._indices)
-        self.clock = Clock(self._workers)
-        self._fetcher = None if self._workers else _DatasetKind.create_fetcher(
-            loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
-        self._sent = self._received = 0
-        self._tasks: dict[int, _Task] = {}
-        self._active = [True] * self._workers
-        self._in_flight = [0] * self._workers
-        self._cycle = itertools.cycle(range(self._workers))
-        for _ in range((loader.prefetch_factor or 0) * self._workers):
-            self._dispatch()
-        self._source: Iterator[tuple[Any, int]] = self._produce()
-        if loader._pinning:  # pinned off the main thread, a few batches ahead
-            self._source = self._stage(Background(self._source, loader.prefetch_factor or 2))
-        if loader._device is not None:
-            self._source = self._stage(ToDevice(self._source, loader._device))
-        loader._on_pass_start(self)
 
     def _draw_base_seed(self) -> int:
         return int(torch.empty((), dtype=torch.int64).random_(generator=self._loader.generator)
