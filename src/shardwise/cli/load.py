@@ -1,7 +1,7 @@
 """``shardwise load``: load files over N ranks (torchrun's, or N local gloo processes) and report.
 
     shardwise load data/*.csv --pattern fmap --nproc 2
-    torchrun --nproc-per-node 4 -m shardwise.cli load data/ --pattern fsmap --save out/
+    torchrun --nproc-per-node 4 -m shardwise load data/ --pattern fsmap --save out/
 """
 
 from __future__ import annotations
