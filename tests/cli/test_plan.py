@@ -1,9 +1,11 @@
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from shardwise import DistributedSampler
 from shardwise.cli import main
 
 
@@ -51,9 +53,93 @@ def test_table_marks_repeats_in_plain_text_when_piped():
 @pytest.mark.parametrize(
     "flags,message",
     [(["--world-size", "0"], "--world-size must be at least 1, got 0"),
-     (["--size", "-3"], "dataset size must be at least 0, got -3")],
+     (["--size", "-3"], "--size must be in [0, 2**63 - 1], got -3")],
 )
 def test_bad_flags_are_named(capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", *flags])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+# A trillion samples over 1024 ranks: 1019 padding repeats, on the last 1019 ranks.
+HUGE = ["--size", str(10**12 + 5), "--world-size", "1024", "--permutation", "feistel"]
+
+
+def shardwise_plan(*flags, columns=None):
+    env = {**os.environ, "COLUMNS": str(columns)} if columns else {
+        k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    run = subprocess.run([sys.executable, "-m", "shardwise", "plan", *flags],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+@pytest.mark.timeout(120)  # all ranks' indices of a trillion samples would take hours
+def test_a_trillion_samples_are_summarised_from_counts():
+    out = shardwise_plan(*HUGE)
+    assert "ranks 4 to 1019 not shown (1,016 ranks" in out
+    assert "per-rank lengths [976562501]; each epoch 1,019 padding repeats and 0 dropped" in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    padded = {str(rank) for rank in range(1020, 1024)}
+    last_ranks = [row for row in rows if row.split("│")[1].strip() in padded]
+    assert len(last_ranks) == 2 * 4 and all(row.count("*") == 1 for row in last_ranks)
+
+
+@pytest.mark.timeout(120)
+def test_json_of_a_trillion_samples_stays_small():
+    out = shardwise_plan(*HUGE, "--batch-size", "1000", "--format", "json")
+    assert len(out) < 100_000
+    first = json.loads(out)["epochs"][0]
+    assert (first["ranks_not_shown"], first["padding"]) == (1016, 1019)
+    assert first["lengths"] == [976562501]
+    assert [r["rank"] for r in first["ranks"]] == [0, 1, 2, 3, 1020, 1021, 1022, 1023]
+    last = first["ranks"][-1]
+    assert last["samples"] == 976562501 and last["batch_numbers"][-1] == 976562
+    assert last["batch_numbers"][:11] == list(range(11))
+    long_batch = last["batches"][0]
+    assert len(long_batch) == 9 and long_batch[4] is None  # first 4, a gap, last 4 of 1000
+    assert last["padding"][-1] == [False] * 4 + [None] + [False] * 3 + [True]  # padding comes last
+
+
+@pytest.mark.timeout(120)
+def test_padding_marks_survive_an_80_column_terminal():
+    flags = [*HUGE, "--batch-size", "32", "--epochs", "1"]
+    plan = json.loads(shardwise_plan(*flags, "--format", "json"))["epochs"][0]
+    marks = sum(pad is True for r in plan["ranks"] for pads in r["padding"] for pad in pads)
+    narrow = shardwise_plan(*flags, columns=80)
+    assert max(map(len, narrow.splitlines())) <= 80
+    body = [line for line in narrow.splitlines() if line.startswith("│")]
+    assert sum(line.count("*") for line in body) == marks == 4  # on ranks 1020 to 1023
+    assert "…" not in narrow  # nothing was cut
+
+
+def test_shown_batches_are_the_samplers_own():
+    flags = ["--size", "1000", "--world-size", "16", "--batch-size", "4", "--layout", "block",
+             "--max-ranks", "4", "--max-batches", "3", "--seed", "5"]
+    plan = json.loads(shardwise_plan(*flags, "--format", "json"))
+    for epoch in plan["epochs"]:
+        assert epoch["ranks_not_shown"] == 12 and epoch["lengths"] == [63]
+        for rank in epoch["ranks"]:
+            sampler = DistributedSampler(1000, 16, rank["rank"], seed=5, layout="block")
+            sampler.set_epoch(epoch["epoch"])
+            indices, mask = sampler.indices().tolist(), sampler.padding_mask().tolist()
+            assert rank["batch_numbers"] == [0, 1, 15]
+            for number, batch, pads in zip(rank["batch_numbers"], rank["batches"], rank["padding"]):
+                assert batch == indices[number * 4 : number * 4 + 4]
+                assert pads == mask[number * 4 : number * 4 + 4]
+
+
+def test_uneven_ranks_show_both_lengths_and_each_ranks_last_batch(capsys):
+    (epoch,) = plan_json(capsys, "--size", "103", "--world-size", "10", "--remainder", "uneven",
+                         "--batch-size", "5", "--epochs", "1", "--max-batches", "1")["epochs"]
+    assert epoch["lengths"] == [10, 11] and epoch["padding"] == 0
+    by_rank = {r["rank"]: r["batch_numbers"] for r in epoch["ranks"]}
+    assert by_rank == {0: [1, 2], 1: [1, 2], 2: [1, 2], 3: [1], 6: [1], 7: [1], 8: [1], 9: [1]}
+
+
+def test_torch_permutation_of_a_huge_size_is_refused_with_the_way_out(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--size", str(10**9)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert "1,000,000,000-sample permutation" in err and "use --permutation feistel" in err

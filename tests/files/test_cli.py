@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -38,3 +44,62 @@ def test_load_of_raw_lines_in_one_process(tmp_path: Path, capsys: pytest.Capture
     with np.load(tmp_path / "rank-00000-of-00001.npz") as part:
         assert part["lines"].tolist() == ["x", "", "y"]
     assert "1 rank(s)" in capsys.readouterr().out
+
+
+def shardwise_load(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "shardwise", "load", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_line_is_one_clean_line_under_nproc_as_in_process(tmp_path: Path) -> None:
+    (tmp_path / "bad.csv").write_text("1,2\n3,4\n5,x\n")
+    errors = {}
+    for nproc in ([], ["--nproc", "2"]):
+        run = shardwise_load(str(tmp_path / "bad.csv"), *nproc)
+        _, err = run.communicate()
+        assert run.returncode == 2 and len(err.splitlines()) == 1, err
+        errors[bool(nproc)] = err
+    assert errors[True].startswith("shardwise load: error: rank 1: ")  # the line is rank 1's
+    assert re.sub(r"rank \d+: ", "", errors[True]) == re.sub(r"rank \d+: ", "", errors[False])
+    assert "pass --ids str" in errors[True] and "--on-error skip" in errors[True]
+    assert "ids='str'" not in errors[True] and "on_error" not in errors[True]
+
+
+def _rank_processes(parent: int) -> list[int]:
+    """The spawned ranks among ``parent``'s children (not multiprocessing's resource tracker)."""
+    ranks = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if ppid == parent and b"spawn_main" in cmdline:
+            ranks.append(int(stat.parent.name))
+    return sorted(ranks)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the ranks through /proc")
+def test_a_killed_rank_is_one_clean_line(tmp_path: Path) -> None:
+    (tmp_path / "edges.csv").write_text("1,2\n3,4\n")
+    run = shardwise_load(str(tmp_path / "edges.csv"), "--nproc", "2")
+    while len(ranks := _rank_processes(run.pid)) < 2:
+        assert run.poll() is None, run.communicate()
+        time.sleep(0.02)
+    os.kill(ranks[-1], signal.SIGKILL)  # while it still imports torch: long before it finishes
+    _, err = run.communicate()
+    assert run.returncode == 1
+    assert re.fullmatch(r"shardwise load: error: rank [01] was killed by SIGKILL \(signal 9\)"
+                        r"[^\n]*\n", err), err
+
+
+def test_the_report_shows_plain_numbers_and_flag_hints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.csv").write_text("1,2,0.5\n3,x\n5,6\n7,8,1.5\n")
+    assert main(["load", str(tmp_path / "a.csv"), "--on-error", "skip", "--nproc", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped" in out and "np." not in out and "int64" not in out
+    assert "pass --ids str" in out and "ids='str'" not in out

@@ -5,21 +5,49 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from shardwise import __version__
 from shardwise.cli import load, plan
+from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
+from shardwise.distributed.launch import LaunchError
 
 COMMANDS = {"plan": plan, "load": load}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``shardwise`` parser with every sub-command.
+
+    >>> build_parser().parse_args(["plan", "--size", "10"]).size
+    10
+    """
     parser = argparse.ArgumentParser(
         prog="shardwise", description="Deterministic distributed data loading for PyTorch."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    parser.add_argument("--version", action="version", version=f"shardwise {__version__}")
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", help="see shardwise COMMAND --help for its flags"
+    )
+    for module in COMMANDS.values():
         module.add_parser(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(COMMANDS[args.command].run(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as error:
-        parser.exit(2, f"shardwise {args.command}: error: {error}\n")
+    return parser
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``shardwise`` with ``argv``; an error is one line on stderr and ``SystemExit``.
+
+    Bad input exits with code 2, a rank that died or hung with 1, Ctrl-C with 130.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    prog = f"shardwise {args.command}"
+    try:
+        with warnings_in_cli_words(prog):
+            return int(COMMANDS[args.command].run(args) or 0)
+    except (ValueError, TypeError, OSError) as error:
+        parser.exit(2, f"{prog}: error: {in_cli_words(str(error))}\n")
+    except LaunchError as error:  # a rank died or hung: not the input's fault
+        parser.exit(1, f"{prog}: error: {in_cli_words(str(error))}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{prog}: interrupted\n")

@@ -1,14 +1,13 @@
 """``shardwise load``: load files over N ranks (torchrun's, or N local gloo processes) and report.
 
     shardwise load data/*.csv --pattern fmap --nproc 2
-    torchrun --nproc-per-node 4 -m shardwise.cli load data/ --pattern fsmap --save out/
+    torchrun --nproc-per-node 4 -m shardwise load data/ --pattern fsmap --save out/
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
+from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
 from shardwise.distributed.launch import process_group_from_env, spawn_local
 from shardwise.distributed.world import gather_objects, group_world
 from shardwise.files import PATTERNS, LoadStats, load_graph, load_matrix, load_vectors
@@ -24,45 +24,60 @@ from shardwise.files.graph import KINDS
 from shardwise.files.read import chunk_lines, iter_chunks
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "load", help="load text files in parallel into per-rank graphs, matrices or vectors",
         description="Split the files' bytes over the ranks, parse by pattern, send each record to "
                     "its owner, and print what every rank did.",
     )
     parser.add_argument("paths", nargs="+", help="files, directories, globs or fsspec URLs")
-    parser.add_argument("--pattern", default="fmap", choices=("linesplit", *PATTERNS))
+    parser.add_argument(
+        "--pattern", default="fmap", choices=("linesplit", *PATTERNS),
+        help="what a line holds: fmap 'src,dst[,weight]' owned by src, smap the same owned by "
+             "dst, fsmap the same owned by a grid cell, fset 'src,dst|w,dst:w' (one edge per "
+             "target), fvec 'id,f1,...,fk', linesplit raw lines (default: fmap)",
+    )
     parser.add_argument("--kind", default="digraph", choices=(*KINDS, "matrix"),
                         help="what to build from edge patterns (default: digraph)")
     parser.add_argument("--nproc", type=int, default=None,
                         help="spawn this many local gloo ranks (default: torchrun's, or 1)")
-    parser.add_argument("--delimiter", default=",")
-    parser.add_argument("--ids", default="int", choices=("int", "str"))
-    parser.add_argument("--on-error", default="raise", choices=("raise", "skip"))
-    parser.add_argument("--save", type=Path, default=None, help="write each rank's partition here as .npz")
+    parser.add_argument("--delimiter", default=",",
+                        help="field separator, one character (default: ,)")
+    parser.add_argument("--ids", default="int", choices=("int", "str"),
+                        help="int: ids are 64-bit integers; str: any text, hashed to 63-bit "
+                             "integers (default: int)")
+    parser.add_argument("--on-error", default="raise", choices=("raise", "skip"),
+                        help="on a malformed line, stop naming its file and line (raise) or count "
+                             "it and go on (skip) (default: raise)")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="write each rank's partition to this folder as .npz")
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in
                ("paths", "pattern", "kind", "delimiter", "ids", "on_error", "save")}
-    if args.nproc is not None and "WORLD_SIZE" in os.environ:
-        print("shardwise load: --nproc cannot be used under torchrun", file=sys.stderr)
-        return 2
-    if args.nproc is not None:
-        if args.nproc < 1:
-            print(f"shardwise load: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
-            return 2
-        _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
+    if args.nproc is None:
+        with process_group_from_env():
+            report = load_rank(options)
+            if group_world()[1] == 0:
+                _print_report(report)
         return 0
-    with process_group_from_env():
-        report = load_rank(options)
-        if group_world()[1] == 0:
-            _print_report(report)
+    if "WORLD_SIZE" in os.environ:
+        raise ValueError("--nproc cannot be used under torchrun, which starts the ranks itself")
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
     return 0
 
 
 def load_rank(options: dict) -> list[LoadStats]:
     """Load this rank's partition (saving it if asked); return every rank's stats."""
+    with warnings_in_cli_words("shardwise load"):  # a spawned rank does not run main()
+        return _load_rank(options)
+
+
+def _load_rank(options: dict) -> list[LoadStats]:
     world_size, rank = group_world()
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
@@ -126,7 +141,8 @@ def _print_report(stats: list[LoadStats]) -> None:
                   f"records owned {_balance([s.records_owned for s in stats]):.3f}")
     for s in stats:
         for bad in s.examples[:3]:
-            console.print(f"rank {s.rank} skipped {bad}", markup=False, highlight=False)
+            console.print(f"rank {s.rank} skipped {in_cli_words(str(bad))}", markup=False,
+                          highlight=False)
 
 
 def _balance(values: list[int]) -> float:

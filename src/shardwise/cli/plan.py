@@ -1,108 +1,203 @@
 """``shardwise plan``: which sample each rank gets in each batch of each epoch.
 
-The defaults reproduce seed 001's example: 7 samples, 3 ranks, batch size 2, two shuffled
-epochs, torch's padding. Padding repeats are marked ``*`` (and red on a terminal).
+The plan comes from the samplers a training job would build, and computes only what it shows:
+counts come from the samplers' arithmetic, indices only for the batches on screen, so a plan
+of 10**12 samples over 1024 ranks takes as long as one of 7 over 3.
+
+    shardwise plan --no-shuffle --epochs 1
+    shardwise plan --size 1000000000000 --world-size 1024 --permutation feistel
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-import numpy as np
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from shardwise.order import PERMUTATIONS
 from shardwise.samplers import DistributedSampler
+from shardwise.samplers.distributed import TORCH_ORDER_WARN_SIZE
 from shardwise.split import LAYOUTS, REMAINDERS
 
-_MAX_BATCH_COLUMNS = 12
-_MAX_LISTED = 20
+DESCRIPTION = (
+    "Show which samples each rank gets in each batch of each epoch; * marks a padding repeat. "
+    "The defaults are the 7-sample, 3-rank example: batch size 2, two shuffled epochs, torch's "
+    "padding. Large plans show the first and last batches of the first and last ranks, with "
+    "every rank's count, the padding repeats and the dropped samples."
+)
+MAX_SIZE = 2**63 - 1  # sample indices are int64
+_BATCH_EDGE = 4  # a longer batch shows its first and last 4 samples
+_MAX_LISTED = 20  # repeated and dropped samples listed by value
+_WIDE = 1 << 20  # a piped table is as wide as it needs
 
 
 @dataclass(frozen=True)
 class RankEpoch:
     rank: int
-    batches: list[list[int]]
-    padding: list[list[bool]]
+    samples: int  # the rank's whole share of the epoch
+    batch_numbers: list[int]  # which of its batches are shown
+    batches: list[list[int | None]]  # None stands for the middle of a long batch, left out
+    padding: list[list[bool | None]]
 
 
 @dataclass(frozen=True)
 class EpochPlan:
     epoch: int
-    ranks: list[RankEpoch]
+    ranks: list[RankEpoch]  # the ranks shown
+    ranks_not_shown: int
     padding: int  # positions filled by padding repeats, all ranks together
-    repeated: list[int]  # samples that padding made appear more than once
-    dropped: list[int]  # samples no rank sees this epoch
+    repeated: list[int]  # samples that padding repeats, in the batches shown
+    dropped: list[int]  # samples no rank sees this epoch (the first _MAX_LISTED)
+    dropped_count: int
+    lengths: list[int]  # the ranks' sample counts, which differ by at most one
+
+    @property
+    def shows_all_padding(self) -> bool:
+        """Whether ``repeated`` lists every padding repeat, not only those in the batches shown."""
+        shown = sum(pad is True for r in self.ranks for pads in r.padding for pad in pads)
+        return shown == self.padding
 
 
-def plan_epochs(args: argparse.Namespace) -> list[EpochPlan]:
-    """Every rank's batches for each epoch, from the same samplers a training job would build."""
-    samplers = [
-        DistributedSampler(
-            args.size, args.world_size, rank, shuffle=not args.no_shuffle, seed=args.seed,
-            remainder=args.remainder, layout=args.layout, permutation=args.permutation,
-        )
-        for rank in range(args.world_size)
-    ]
-    epochs = []
-    for epoch in range(args.epochs):
-        ranks, padded, seen = [], [], []
-        for sampler in samplers:
-            sampler.set_epoch(epoch)
-            indices, mask = sampler.indices(), sampler.padding_mask()
-            seen.append(indices)
-            padded.append(indices[mask])
-            cuts = range(0, len(indices), args.batch_size)
-            ranks.append(RankEpoch(
-                sampler.rank,
-                [indices[c : c + args.batch_size].tolist() for c in cuts],
-                [mask[c : c + args.batch_size].tolist() for c in cuts],
-            ))
-        all_seen = np.concatenate(seen) if seen else np.empty(0, np.int64)
-        epochs.append(EpochPlan(
-            epoch, ranks,
-            padding=sum(len(p) for p in padded),
-            repeated=np.unique(np.concatenate(padded)).tolist(),
-            dropped=np.setdiff1d(np.arange(args.size), all_seen).tolist(),
-        ))
-    return epochs
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "plan", help="show which samples each rank gets per batch and epoch",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
     )
     parser.add_argument("--size", type=int, default=7, help="number of samples (default 7)")
     parser.add_argument("--world-size", type=int, default=3, help="number of ranks (default 3)")
     parser.add_argument("--batch-size", type=int, default=2, help="per-rank batch (default 2)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs to show (default 2)")
     parser.add_argument("--no-shuffle", action="store_true", help="keep dataset order")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--remainder", choices=REMAINDERS, default="pad")
-    parser.add_argument("--layout", choices=LAYOUTS, default="strided")
-    parser.add_argument("--permutation", choices=PERMUTATIONS, default="torch")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="shuffle seed, the same on every rank (default 0)")
+    parser.add_argument("--remainder", choices=REMAINDERS, default="pad",
+                        help="when the ranks cannot share the samples evenly: pad by repeating "
+                             "samples (torch's default), drop the tail, or leave the ranks uneven "
+                             "(default: pad)")
+    parser.add_argument("--layout", choices=LAYOUTS, default="strided",
+                        help="strided: rank r takes r, r+W, ...; block: one contiguous run per "
+                             "rank (default: strided)")
+    parser.add_argument("--permutation", choices=PERMUTATIONS, default="torch",
+                        help="torch: torch's exact order, 8 bytes a sample; feistel: O(1) memory, "
+                             "for any size (default: torch)")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="a table per epoch, or JSON (default: table)")
+    parser.add_argument("--max-batches", type=int, default=12,
+                        help="batches shown per rank, the last one always among them "
+                             "(default 12; fewer where the terminal is narrow)")
+    parser.add_argument("--max-ranks", type=int, default=8,
+                        help="ranks shown: the first and the last ones (default 8)")
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("world_size", "batch_size", "epochs"):
-        if getattr(args, name) < 1:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} must be at least 1, got {getattr(args, name)}")
+    _check(args)
     epochs = plan_epochs(args)
     if args.format == "json":
         print(json.dumps({"config": _config(args), "epochs": [asdict(e) for e in epochs]}))
-    else:
-        console = Console(highlight=False)
-        if not console.is_terminal:  # piped: plain text, as wide as the table needs
-            console = Console(highlight=False, width=1000)
-        _print_tables(args, epochs, console)
+        return 0
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=_WIDE)  # piped: plain text, never squeezed
+    _print_tables(args, epochs, console)
     return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("world_size", "batch_size", "epochs", "max_batches", "max_ranks"):
+        if getattr(args, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.size <= MAX_SIZE:
+        raise ValueError(f"--size must be in [0, 2**63 - 1], got {args.size}")
+    if not args.no_shuffle and args.permutation == "torch" and args.size >= TORCH_ORDER_WARN_SIZE:
+        raise ValueError(
+            f"--permutation torch would build a {args.size:,}-sample permutation (8 bytes a "
+            f"sample: {args.size * 8 / 2**30:,.1f} GiB) for every rank shown and every epoch; "
+            f"from {TORCH_ORDER_WARN_SIZE:,} samples on use --permutation feistel (O(1) memory)"
+        )
+
+
+def plan_epochs(args: argparse.Namespace) -> list[EpochPlan]:
+    """The shown ranks' shown batches for each epoch, and counts for everything else."""
+    shown = _shown_ranks(args.world_size, args.max_ranks)
+    samplers = [
+        DistributedSampler(
+            args.size, args.world_size, rank, shuffle=not args.no_shuffle, seed=args.seed,
+            remainder=args.remainder, layout=args.layout, permutation=args.permutation,
+        )
+        for rank in shown
+    ]
+    epochs = []
+    for epoch in range(args.epochs):
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+        columns = _batch_columns(samplers, args.batch_size, args.max_batches)
+        ranks = [_rank_epoch(sampler, args.batch_size, columns) for sampler in samplers]
+        total, dropped = samplers[0].total_size, samplers[0].dropped()
+        repeated = {i for r in ranks for batch, pads in zip(r.batches, r.padding)
+                    for i, pad in zip(batch, pads) if pad}
+        epochs.append(EpochPlan(
+            epoch, ranks, ranks_not_shown=args.world_size - len(shown),
+            padding=max(0, total - args.size), repeated=sorted(repeated),
+            dropped=sorted(dropped.tolist())[:_MAX_LISTED], dropped_count=len(dropped),
+            lengths=sorted({total // args.world_size, -(-total // args.world_size)}),
+        ))
+    return epochs
+
+
+def _shown_ranks(world_size: int, most: int) -> list[int]:
+    """All ranks, or the first ``most - most // 2`` and the last ``most // 2`` (padding's)."""
+    if world_size <= most:
+        return list(range(world_size))
+    head = _head_count(range(most))
+    return [*range(head), *range(world_size - (most - head), world_size)]
+
+
+def _head_count(shown) -> int:
+    """How many of the ranks shown are the first ranks, when not all are shown."""
+    return len(shown) - len(shown) // 2
+
+
+def _batch_columns(samplers: list[DistributedSampler], batch_size: int, most: int) -> list[int]:
+    """The batch numbers to show: the first ones, and each shown rank's last."""
+    lasts = {-(-s.num_samples // batch_size) - 1 for s in samplers} - {-1}
+    widest = max(lasts, default=-1) + 1
+    return sorted(set(range(min(widest, max(0, most - len(lasts))))) | lasts)
+
+
+def _rank_epoch(sampler: DistributedSampler, batch_size: int, columns: list[int]) -> RankEpoch:
+    count = sampler.num_samples
+    numbers = [b for b in columns if b * batch_size < count]
+    batches, padding = [], []
+    for b in numbers:
+        start, stop = b * batch_size, min(count, (b + 1) * batch_size)
+        indices, pads = [], []
+        for begin, end in _shown_parts(start, stop):
+            if indices:
+                indices.append(None)
+                pads.append(None)
+            indices += sampler.indices(begin, end).tolist()
+            pads += sampler.padding_mask(begin, end).tolist()
+        batches.append(indices)
+        padding.append(pads)
+    return RankEpoch(sampler.rank, count, numbers, batches, padding)
+
+
+def _shown_parts(start: int, stop: int) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` whole, or its first and last ``_BATCH_EDGE`` positions."""
+    if stop - start <= 2 * _BATCH_EDGE + 1:
+        yield start, stop
+    else:
+        yield start, start + _BATCH_EDGE
+        yield stop - _BATCH_EDGE, stop
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -114,46 +209,77 @@ def _config(args: argparse.Namespace) -> dict:
 def _print_tables(args: argparse.Namespace, epochs: list[EpochPlan], console: Console) -> None:
     shuffled = "shuffled" if not args.no_shuffle else "not shuffled"
     console.print(
-        f"{args.size} samples over {args.world_size} ranks, batch size {args.batch_size}, "
+        f"{args.size:,} samples over {args.world_size:,} ranks, batch size {args.batch_size:,}, "
         f"{shuffled} ({args.permutation}, seed {args.seed}), layout {args.layout}, "
         f"remainder {args.remainder}.  [red]*[/red] marks a padding repeat."
     )
     for plan in epochs:
-        widest = max((len(r.batches) for r in plan.ranks), default=0)
-        shown = min(widest, _MAX_BATCH_COLUMNS)
-        table = Table(title=f"epoch {plan.epoch}", title_justify="left")
-        table.add_column("rank", justify="right")
-        for b in range(shown):
-            table.add_column(f"batch {b}", no_wrap=True)
-        if widest > shown:
-            table.add_column(f"+{widest - shown} batches", no_wrap=True)
-        table.add_column("samples", justify="right")
-        for rank in plan.ranks:
-            cells = [_batch_text(batch, pads) for batch, pads in
-                     zip(rank.batches[:shown], rank.padding[:shown])]
-            cells += [""] * (shown - len(cells)) + ([""] if widest > shown else [])
-            table.add_row(str(rank.rank), *cells, str(sum(map(len, rank.batches))))
-        console.print(table)
-        console.print(f"  repeated: {_listing(plan.repeated)}   dropped: {_listing(plan.dropped)}")
+        console.print(_fitted_table(plan, console))
+        if plan.ranks_not_shown:
+            first = _head_count(plan.ranks)
+            console.print(f"  ranks {first} to {first + plan.ranks_not_shown - 1} not shown "
+                          f"({plan.ranks_not_shown:,} ranks; see --max-ranks)")
+        where = "" if plan.shows_all_padding else " in the batches shown"
+        console.print(f"  repeated: {_listing(plan.repeated, len(plan.repeated))}{where}   "
+                      f"dropped: {_listing(plan.dropped, plan.dropped_count)}")
     last = epochs[-1]
-    lengths = sorted({sum(map(len, rank.batches)) for rank in last.ranks})
     console.print(
-        f"per-rank lengths {lengths}; each epoch {last.padding} padding repeats and "
-        f"{len(last.dropped)} dropped samples"
+        f"per-rank lengths {last.lengths}; each epoch {last.padding:,} padding repeats and "
+        f"{last.dropped_count:,} dropped samples"
     )
 
 
-def _batch_text(batch: list[int], pads: list[bool]) -> Text:
+def _fitted_table(plan: EpochPlan, console: Console) -> Table:
+    """The epoch's table with as many of the first batches as the console's width allows."""
+    columns = sorted({b for r in plan.ranks for b in r.batch_numbers})
+    lasts = {r.batch_numbers[-1] for r in plan.ranks if r.batch_numbers}
+    head = [b for b in columns if b not in lasts]
+    unbounded = console.options.update_width(_WIDE)  # else the measure stops at the width
+    for keep in range(len(head), -1, -1):
+        table = _table(plan, head[:keep] + sorted(lasts))
+        if Measurement.get(console, unbounded, table).maximum <= console.width:
+            break
+    return table
+
+
+def _table(plan: EpochPlan, columns: list[int]) -> Table:
+    table = Table(title=f"epoch {plan.epoch}", title_justify="left")
+    table.add_column("rank", justify="right", overflow="fold")
+    slots: list[int | None] = []  # a batch number, or None for a column of hidden batches
+    for b, previous in zip(columns, [-1, *columns]):
+        if b > previous + 1:
+            table.add_column(f"+{b - previous - 1:,}\nbatches", overflow="fold")
+            slots.append(None)
+        table.add_column(f"batch {b}", overflow="fold")
+        slots.append(b)
+    table.add_column("samples", justify="right", overflow="fold")
+    split = _head_count(plan.ranks) if plan.ranks_not_shown else None
+    for i, rank in enumerate(plan.ranks):
+        if i == split:
+            table.add_row("...", *[""] * (len(slots) + 1))
+        cells = dict(zip(rank.batch_numbers, zip(rank.batches, rank.padding)))
+        table.add_row(
+            str(rank.rank),
+            *[_batch_text(*cells[b]) if b in cells else "" for b in slots],
+            f"{rank.samples:,}",
+        )
+    return table
+
+
+def _batch_text(batch: list[int | None], pads: list[bool | None]) -> Text:
     text = Text()
     for i, (index, pad) in enumerate(zip(batch, pads)):
         if i:
             text.append(" ")
-        text.append(f"{index}*" if pad else str(index), style="bold red" if pad else None)
+        if index is None:
+            text.append("...")
+        else:
+            text.append(f"{index}*" if pad else str(index), style="bold red" if pad else None)
     return text
 
 
-def _listing(values: list[int]) -> str:
-    if not values:
+def _listing(values: list[int], count: int) -> str:
+    if not count:
         return "none"
     head = ", ".join(map(str, values[:_MAX_LISTED]))
-    return f"{len(values)} ({head}{', ...' if len(values) > _MAX_LISTED else ''})"
+    return f"{count:,} ({head}{', ...' if count > _MAX_LISTED else ''})"

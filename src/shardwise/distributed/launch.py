@@ -2,26 +2,57 @@
 
 Used by ``shardwise load --nproc``, by the examples when they are not under ``torchrun``,
 and by the tests, so every distributed code path runs over a real process group.
+
+The parent watches each rank through its own pipe and its process sentinel, so it learns at
+once that a rank returned, raised, exited or was killed; on a failure it stops every rank and
+raises. A rank that raises waits to be stopped instead of exiting: its peers' collectives then
+do not fail with "connection closed" errors that would bury the real one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
-import queue as queue_module
+import re
+import signal
 import socket
+import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 import torch.multiprocessing as mp
 
+# After the first failure, how long the other ranks may take to report theirs (so that the
+# lowest rank's error wins) before they are stopped.
+_GRACE_S = 1.0
+# How long ranks that all returned may take to exit (destroying their process group) before
+# they are stopped.
+_EXIT_S = 10.0
+_NAMES_A_RANK = re.compile(r"\brank \d+\b")
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
 
 class LaunchError(RuntimeError):
-    """A spawned rank failed; the message carries its traceback or exit code."""
+    """A rank exited or was killed, raised something that cannot be raised here, or timed out."""
+
+
+class RemoteTraceback(Exception):
+    """A rank's traceback: the ``__cause__`` of its error here, as in concurrent.futures."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text}"""'
 
 
 def free_port() -> int:
@@ -41,52 +72,162 @@ def spawn_local(
     ``fn`` must be importable (a module-level function) and its result picklable. Inside ``fn``
     ``torch.distributed`` is initialised, and ``RANK`` / ``WORLD_SIZE`` are set as torchrun sets them.
 
+    Failures surface within about a second, and every rank is stopped before this returns or
+    raises (Ctrl-C included; on Linux the ranks also die with this process):
+
+    - a rank raises: that exception is raised here, of its own type when it unpickles, its
+      message prefixed ``rank N:`` unless it names a rank already, the rank's traceback as its
+      ``__cause__``; when several ranks raise, the lowest rank's;
+    - a rank exits or is killed: :class:`LaunchError`, such as
+      "rank 1 was killed by SIGKILL (signal 9)";
+    - no result within ``timeout`` seconds: :class:`LaunchError` naming the ranks that hang.
+
     >>> spawn_local(torch_dist.get_rank, 2)  # doctest: +SKIP
     [0, 1]
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     port = free_port()
-    procs = [
-        ctx.Process(
-            target=_rank_main, args=(fn, rank, nprocs, port, backend, results, args), daemon=True
-        )
-        for rank in range(nprocs)
-    ]
-    for proc in procs:
-        proc.start()
-    outputs: dict[int, Any] = {}
-    failures: list[str] = []
+    ranks: list[_Rank] = []
+    finished = False
     try:
-        while len(outputs) + len(failures) < nprocs:
-            try:
-                rank, ok, value = results.get(timeout=timeout)
-            except queue_module.Empty:
-                dead = [f"rank {r} exit code {p.exitcode}" for r, p in enumerate(procs)
-                        if p.exitcode not in (None, 0)]
-                raise LaunchError(
-                    f"no result from {nprocs - len(outputs)} rank(s) within {timeout:.0f} s"
-                    + (f" ({', '.join(dead)})" if dead else " (a collective may hang)")
-                ) from None
-            if ok:
-                outputs[rank] = pickle.loads(value)
-            else:
-                failures.append(f"rank {rank} raised:\n{value}")
-                break  # the other ranks may now block in a collective; stop them
+        for rank in range(nprocs):
+            conn, child_conn = ctx.Pipe()
+            process = ctx.Process(
+                target=_rank_main, daemon=True,
+                args=(fn, rank, nprocs, port, backend, child_conn, os.getpid(), args),
+            )
+            process.start()
+            child_conn.close()  # the parent keeps only its own end, so a rank's exit reads as EOF
+            ranks.append(_Rank(rank, process, conn))
+        results = _collect(ranks, timeout)
+        finished = True
+        return results
     finally:
-        for proc in procs:
-            proc.join(timeout=0 if failures else 10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
-    if failures:
-        raise LaunchError("\n".join(failures))
-    return [outputs[rank] for rank in range(nprocs)]
+        _stop(ranks, patience=_EXIT_S if finished else 0.0)
 
 
-def _rank_main(fn, rank, world_size, port, backend, results, args) -> None:
+@dataclass
+class _Rank:
+    """One spawned rank as the parent sees it, and what became of it."""
+
+    rank: int
+    process: Any  # a multiprocessing Process
+    conn: Connection
+    result: Any = None
+    returned: bool = False
+    error: BaseException | None = None
+    died: bool = False
+    eof: bool = False  # the rank closed its end of the pipe: only its exit can follow
+
+    @property
+    def settled(self) -> bool:
+        return self.returned or self.error is not None
+
+    def waitables(self) -> list[Any]:
+        return [self.process.sentinel] + ([] if self.eof else [self.conn])
+
+    def update(self) -> None:
+        """Take in the rank's report if it sent one, else its exit if it exited.
+
+        A rank writes its whole report before it exits, so the pipe is read first.
+        """
+        if not self.eof and self.conn.poll():
+            try:
+                kind, *report = pickle.loads(self.conn.recv_bytes())
+            except EOFError:
+                self.eof = True
+            else:
+                if kind == "returned":
+                    self.result, self.returned = pickle.loads(report[0]), True
+                else:
+                    self.error = _rank_error(self.rank, *report)
+                return
+        if self.process.exitcode is not None:
+            self.error, self.died = _death(self.rank, self.process.exitcode), True
+
+
+def _collect(ranks: list[_Rank], timeout: float) -> list[Any]:
+    """Every rank's result in rank order, or raise the failure that matters most."""
+    deadline = time.monotonic() + timeout
+    give_up = deadline
+    while not all(r.settled for r in ranks):
+        left = give_up - time.monotonic()
+        if left <= 0:
+            break
+        open_ranks = [r for r in ranks if not r.settled]
+        ready = set(wait([w for r in open_ranks for w in r.waitables()], timeout=left))
+        for r in open_ranks:
+            if ready.intersection(r.waitables()):
+                r.update()
+        if any(r.error is not None for r in ranks):
+            give_up = min(give_up, time.monotonic() + _GRACE_S)
+    failed = [r for r in ranks if r.error is not None]
+    if failed:
+        # A rank that died comes first: its peers' errors are often just the broken connection.
+        first = min(failed, key=lambda r: (not r.died, r.rank))
+        raise first.error  # type: ignore[misc]
+    hanging = [r.rank for r in ranks if not r.settled]
+    if hanging:
+        raise LaunchError(
+            f"no result from rank(s) {', '.join(map(str, hanging))} within {timeout:g} s "
+            "(a collective may hang; pass a larger timeout if the work needs longer)"
+        )
+    return [r.result for r in ranks]
+
+
+def _stop(ranks: list[_Rank], patience: float) -> None:
+    """Give the ranks ``patience`` seconds to exit, then terminate, then kill, what is left."""
+    deadline = time.monotonic() + patience
+    for r in ranks:
+        r.process.join(max(0.0, deadline - time.monotonic()))
+    for r in ranks:
+        if r.process.is_alive():
+            r.process.terminate()
+    for r in ranks:
+        r.process.join(5.0)
+        if r.process.is_alive():
+            r.process.kill()
+            r.process.join()
+        r.conn.close()
+
+
+def _death(rank: int, exitcode: int) -> LaunchError:
+    if exitcode >= 0:
+        return LaunchError(f"rank {rank} exited with code {exitcode} before returning a result")
+    number = -exitcode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = "an unknown signal"
+    hint = ": out of memory?" if number == signal.SIGKILL else ""
+    return LaunchError(f"rank {rank} was killed by {name} (signal {number}){hint}")
+
+
+def _rank_error(
+    rank: int, pickled: bytes | None, type_name: str, message: str, remote_traceback: str
+) -> BaseException:
+    """The exception a rank raised, rebuilt here: named after the rank, its traceback as cause."""
+    error: BaseException | None = None
+    if pickled is not None:
+        try:
+            error = pickle.loads(pickled)
+        except Exception:  # noqa: BLE001 - e.g. a constructor that wants other arguments
+            error = None
+    if not isinstance(error, Exception):  # unpicklable, or SystemExit that must not end us
+        error = LaunchError(f"rank {rank} raised {type_name}: {message}")
+    elif str(error) != message:  # its constructor rewrote the message it was given back
+        error.args = (message,)
+    if not _NAMES_A_RANK.search(str(error)) and error.args and isinstance(error.args[0], str):
+        error.args = (f"rank {rank}: {error.args[0]}", *error.args[1:])
+    error.__cause__ = RemoteTraceback(remote_traceback)
+    return error
+
+
+def _rank_main(fn, rank, world_size, port, backend, conn, parent_pid, args) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops every rank
+    _die_with_parent(parent_pid)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -97,12 +238,36 @@ def _rank_main(fn, rank, world_size, port, backend, results, args) -> None:
         torch_dist.init_process_group(backend, rank=rank, world_size=world_size)
         # Plain pickle: a tensor travels by value, not through shared memory that would
         # vanish with this process before the parent reads it.
-        results.put((rank, True, pickle.dumps(fn(*args))))
-    except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        results.put((rank, False, traceback.format_exc()))
-    finally:
-        if torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+        report: tuple = ("returned", pickle.dumps(fn(*args)))
+    except BaseException as error:  # noqa: BLE001 - every failure must reach the parent
+        report = ("raised", _pickled(error), type(error).__qualname__, str(error),
+                  traceback.format_exc())
+    conn.send_bytes(pickle.dumps(report))
+    if report[0] == "raised":
+        sys.stdout.flush()  # this rank ends by a signal, which would lose buffered output
+        sys.stderr.flush()
+        try:
+            conn.recv()  # wait to be stopped: exiting now would fail the peers' collectives
+        except EOFError:
+            pass  # the parent is gone
+    elif torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def _pickled(error: BaseException) -> bytes | None:
+    try:
+        return pickle.dumps(error)
+    except Exception:  # noqa: BLE001 - the parent then raises a LaunchError with its text
+        return None
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """On Linux, have the kernel kill this rank when the parent dies, even by SIGKILL."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 @contextmanager

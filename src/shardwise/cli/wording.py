@@ -1,0 +1,42 @@
+"""Library messages in the command line's words: a hint to pass ``on_error='skip'`` becomes
+``--on-error skip``, since that is what a user of the command can do."""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# Keyword arguments whose hints the command line spells as flags: keyword -> flag.
+FLAGS = {
+    "on_error": "--on-error",
+    "ids": "--ids",
+    "delimiter": "--delimiter",
+    "permutation": "--permutation",
+    "remainder": "--remainder",
+    "layout": "--layout",
+}
+_KEYWORD_VALUE = re.compile(rf"\b({'|'.join(FLAGS)})=(['\"])(.*?)\2")
+
+
+def in_cli_words(message: str) -> str:
+    """``message`` with each ``keyword='value'`` that has a flag written as ``--flag value``.
+
+    >>> in_cli_words("id 'x' is not an integer (pass ids='str' for string ids)")
+    "id 'x' is not an integer (pass --ids str for string ids)"
+    """
+    return _KEYWORD_VALUE.sub(lambda m: f"{FLAGS[m.group(1)]} {m.group(3)}", message)
+
+
+@contextmanager
+def warnings_in_cli_words(prog: str) -> Iterator[None]:
+    """Show each warning as one line, ``PROG: warning: ...``, in the command line's words."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"{prog}: warning: {in_cli_words(str(message))}", file=file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield

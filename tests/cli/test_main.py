@@ -1,0 +1,52 @@
+"""The ``shardwise`` command itself: help, version, every flag explained, hints in flag words."""
+
+import argparse
+import re
+import subprocess
+import sys
+
+import pytest
+
+import shardwise
+from shardwise.cli import COMMANDS, build_parser, main
+from shardwise.cli.wording import in_cli_words
+
+
+def test_bare_command_prints_help_and_succeeds(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: shardwise") and "plan" in out and "load" in out
+
+
+def test_version_comes_from_the_package():
+    run = subprocess.run([sys.executable, "-m", "shardwise", "--version"],
+                         capture_output=True, text=True)
+    assert (run.returncode, run.stdout) == (0, f"shardwise {shardwise.__version__}\n")
+
+
+def _parsers():
+    yield build_parser()
+    for module in COMMANDS.values():
+        yield module.add_parser(argparse.ArgumentParser().add_subparsers())
+
+
+@pytest.mark.parametrize("parser", list(_parsers()), ids=lambda p: p.prog)
+def test_every_flag_has_help_in_plain_words(parser):
+    for action in parser._actions:
+        assert action.help, f"{parser.prog}: {action.option_strings or action.dest} has no help"
+    text = parser.format_help()
+    assert "``" not in text  # no RST markup
+    assert not re.search(r"\bseed \d{3}\b", text)  # no internal article numbers
+
+
+@pytest.mark.parametrize(
+    "message,expected",
+    [("bad line (fix the line, or pass on_error='skip' to count and skip such lines)",
+      "bad line (fix the line, or pass --on-error skip to count and skip such lines)"),
+     ("id 'x' is not an integer (pass ids='str' for string ids)",
+      "id 'x' is not an integer (pass --ids str for string ids)"),
+     ("permutation='feistel' needs O(1) memory", "--permutation feistel needs O(1) memory"),
+     ("size=7 is fine as it is", "size=7 is fine as it is")],
+)
+def test_library_hints_name_the_flags(message, expected):
+    assert in_cli_words(message) == expected
