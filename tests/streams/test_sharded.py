@@ -138,7 +138,7 @@ def test_shards_that_split_themselves_over_workers_are_still_read_whole(lengths)
 
 def _on_every_rank() -> list:
     stream = shard_iterable(shards=shards_of([3, 5, 2, 7, 1, 4]))  # world and rank from the group
-    loader = DataLoader(stream, batch_size=None, num_workers=2, worker_type="thread")
+    loader = DataLoader(stream, batch_size=None, num_workers=2)  # 3 ranks x 2 worker processes
     return [tuple(map(int, item)) for item in loader]
 
 

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
@@ -53,16 +54,11 @@ class EpochPlan:
     ranks: list[RankEpoch]  # the ranks shown
     ranks_not_shown: int
     padding: int  # positions filled by padding repeats, all ranks together
-    repeated: list[int]  # samples that padding repeats, in the batches shown
+    repeated: list[int]  # samples that padding repeats (the first _MAX_LISTED)
+    repeated_count: int
     dropped: list[int]  # samples no rank sees this epoch (the first _MAX_LISTED)
     dropped_count: int
     lengths: list[int]  # the ranks' sample counts, which differ by at most one
-
-    @property
-    def shows_all_padding(self) -> bool:
-        """Whether ``repeated`` lists every padding repeat, not only those in the batches shown."""
-        shown = sum(pad is True for r in self.ranks for pads in r.padding for pad in pads)
-        return shown == self.padding
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -142,11 +138,11 @@ def plan_epochs(args: argparse.Namespace) -> list[EpochPlan]:
         columns = _batch_columns(samplers, args.batch_size, args.max_batches)
         ranks = [_rank_epoch(sampler, args.batch_size, columns) for sampler in samplers]
         total, dropped = samplers[0].total_size, samplers[0].dropped()
-        repeated = {i for r in ranks for batch, pads in zip(r.batches, r.padding)
-                    for i, pad in zip(batch, pads) if pad}
+        repeated = np.unique(samplers[0].repeated()).tolist()
         epochs.append(EpochPlan(
             epoch, ranks, ranks_not_shown=args.world_size - len(shown),
-            padding=max(0, total - args.size), repeated=sorted(repeated),
+            padding=max(0, total - args.size), repeated=repeated[:_MAX_LISTED],
+            repeated_count=len(repeated),
             dropped=sorted(dropped.tolist())[:_MAX_LISTED], dropped_count=len(dropped),
             lengths=sorted({total // args.world_size, -(-total // args.world_size)}),
         ))
@@ -219,8 +215,7 @@ def _print_tables(args: argparse.Namespace, epochs: list[EpochPlan], console: Co
             first = _head_count(plan.ranks)
             console.print(f"  ranks {first} to {first + plan.ranks_not_shown - 1} not shown "
                           f"({plan.ranks_not_shown:,} ranks; see --max-ranks)")
-        where = "" if plan.shows_all_padding else " in the batches shown"
-        console.print(f"  repeated: {_listing(plan.repeated, len(plan.repeated))}{where}   "
+        console.print(f"  repeated: {_listing(plan.repeated, plan.repeated_count)}   "
                       f"dropped: {_listing(plan.dropped, plan.dropped_count)}")
     last = epochs[-1]
     console.print(

@@ -94,8 +94,10 @@ def spawn_local(
     try:
         for rank in range(nprocs):
             conn, child_conn = ctx.Pipe()
+            # Not daemonic, so a rank can start DataLoader workers of its own; every rank is
+            # stopped in the `finally` below, and on Linux dies with this process regardless.
             process = ctx.Process(
-                target=_rank_main, daemon=True,
+                target=_rank_main,
                 args=(fn, rank, nprocs, port, backend, child_conn, os.getpid(), args),
             )
             process.start()

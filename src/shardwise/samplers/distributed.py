@@ -199,6 +199,17 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         positions = np.arange(min(kept, length), length, dtype=np.int64)
         return self._order_of(self._at.epoch).take(self._at.segments.take(positions))
 
+    def repeated(self) -> np.ndarray:
+        """The samples that padding hands out again in this pass, one entry per repeat (< W).
+
+        >>> DistributedSampler(7, 3, 0, shuffle=False).repeated().tolist()
+        [0, 1]
+        """
+        length = self._at.segments.length
+        extra = split_total(length, self.num_replicas, self.remainder) - length
+        positions = np.arange(max(0, extra), dtype=np.int64) % max(length, 1)
+        return self._order_of(self._at.epoch).take(self._at.segments.take(positions))
+
     # -- checks across ranks -------------------------------------------------------------------
 
     def config(self) -> dict[str, Any]:
