@@ -66,3 +66,24 @@ def test_lightning_ddp_keeps_the_sampler_and_trains_each_rank_on_its_share(tmp_p
             reference = TorchSampler(range(SIZE), WORLD, rank, seed=SEED)
             reference.set_epoch(epoch)
             assert seen[str(epoch)] == list(reference), (rank, epoch)
+
+
+def test_lightning_can_rebuild_a_distributed_loader():
+    """Lightning rebuilds loaders (to predict, say) from the arguments they were made with."""
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+    from lightning.pytorch.utilities.data import _update_dataloader
+    from torch.utils.data import DataLoader as TorchLoader
+
+    import shardwise
+
+    with _replace_dunder_methods(TorchLoader, "dataset"):
+        loader = shardwise.DataLoader(Indexed(), batch_size=4, shuffle=True, distributed=True,
+                                      seed=SEED, num_workers=1, worker_type="thread")
+    rebuilt = _update_dataloader(loader, loader.sampler)
+    assert type(rebuilt) is shardwise.DataLoader and rebuilt.sampler is loader.sampler
+    assert rebuilt.worker_type == "thread"
+    batches = []
+    for each in (rebuilt, loader):  # one sampler: set the epoch so both passes take epoch 0
+        each.set_epoch(0)
+        batches.append([b.tolist() for b in each])
+    assert batches[0] == batches[1]

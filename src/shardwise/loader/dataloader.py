@@ -11,6 +11,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 from shardwise.checks import require_choice
 from shardwise.distributed.consistency import check_consistent
@@ -79,7 +80,9 @@ class DataLoader(TorchDataLoader):
         distributed: bool = False,
         seed: int = 0,
     ) -> None:
-        if distributed:
+        if distributed and not isinstance(sampler, TorchDistributedSampler):
+            # A distributed sampler given with it is kept: trainers that rebuild a loader
+            # (Lightning) pass the one it made back in, with the same arguments.
             if sampler is not None or batch_sampler is not None:
                 raise ValueError("distributed=True builds the sampler from shuffle, drop_last and "
                                  "seed; pass a sampler or distributed=True, not both")
@@ -88,7 +91,8 @@ class DataLoader(TorchDataLoader):
                                  "IterableDataset over the ranks inside the dataset instead")
             sampler = DistributedSampler(dataset, shuffle=bool(shuffle), seed=seed,
                                          drop_last=drop_last)
-            shuffle = None
+        if distributed:
+            shuffle = None  # the sampler shuffles
         worker_type = require_choice("worker_type", worker_type, WORKER_TYPES)
         if worker_type == "thread" and multiprocessing_context is not None:
             raise ValueError("multiprocessing_context starts worker processes, but "
