@@ -190,3 +190,17 @@ def test_persistent_workers_start_afresh_after_a_failed_pass(clean):
         list(loader)
     assert next(iter(loader)).tolist()[0] == [0.0] * 4  # the next epoch works again
     del loader
+
+
+class Unpicklable(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int):
+        return {"row": torch.zeros(2), "handle": lambda: index}  # a lambda cannot be pickled
+
+
+def test_a_batch_that_cannot_be_sent_is_a_clear_error(clean):
+    loader = DataLoader(Unpicklable(), batch_size=2, num_workers=1, collate_fn=list)
+    with pytest.raises(Exception, match="in DataLoader worker process 0 while loading indices"):
+        next(iter(loader))

@@ -8,6 +8,7 @@ themselves travel through its shared-memory slots (:mod:`shardwise.loader.transp
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import signal
 import time
@@ -180,6 +181,7 @@ class _ProcessWorker:
                 offsets = pack(arrays, arena)
             del batch, arrays
             message = ("batch", task_id, slot_id, tree, offsets, time.perf_counter() - started)
+            payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # may fail: here
         except Exception as error:  # noqa: BLE001 - the caller re-raises it, with this traceback
             if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
                 message = ("end", task_id)  # this worker's share of the stream is used up
@@ -194,7 +196,9 @@ class _ProcessWorker:
         if message[0] == "batch":
             arena.slot.full = True
             self.sent += 1
-        send(self.conn, message)
+        else:
+            payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.conn.send_bytes(payload)
 
     def _new_slot(self, slot_id: int, size: int) -> SharedSlot:
         """A new slot in place of ``slot_id``: its descriptor goes to the main process."""
