@@ -199,3 +199,16 @@ def test_broken_and_looping_symlinks_are_errors_naming_them(tmp_path: Path) -> N
     with pytest.raises(ValueError, match=r"input '.*pipe' is neither a file nor a directory"):
         plan(tmp_path, 1)
 
+
+def test_a_file_that_shrank_after_planning_is_an_error_and_appended_bytes_are_not_read(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text("1\n2\n3\n")
+    the_plan = plan(path, 2)
+    with open(path, "a") as f:
+        f.write("4\n")
+    assert [read_lines(the_plan, rank, 2) for rank in range(2)] == [["1", "2"], ["3"]]
+    path.write_text("1\n")
+    with pytest.raises(OSError, match=r"a.txt has 2 bytes but had 6 when the load was planned"):
+        list(iter_chunks(the_plan, 1, 2))
