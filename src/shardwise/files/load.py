@@ -12,9 +12,16 @@ import numpy as np
 from shardwise.distributed.exchange import DEFAULT_ROUND_BYTES
 from shardwise.distributed.world import gather_objects, group_world, resolve_world
 from shardwise.files.owners import owners
-from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, RecordBuilder, parse_chunk
+from shardwise.files.patterns import (
+    MAX_EXAMPLES,
+    BadLine,
+    Format,
+    RecordBuilder,
+    first_line_features,
+    parse_chunk,
+)
 from shardwise.files.plan import Plan, plan
-from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks
+from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
 from shardwise.files.records import edges, join, vector_dtype
 from shardwise.files.route import route
 from shardwise.files.sources import Paths
@@ -58,8 +65,10 @@ def read_records(
     world_size, rank = resolve_world(world_size, rank)
     started = time.perf_counter()
     the_plan = plan(paths, world_size)
+    if fmt.pattern == "fvec" and fmt.features is None:  # the same on every rank
+        fmt = replace(fmt, features=first_line_features(leading_lines(the_plan), fmt))
     planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
-    builder = RecordBuilder(fmt.pattern, f"the files of rank {rank}")
+    builder = RecordBuilder(fmt.record_dtype())
     bytes_read, lines, skipped, examples = 0, 0, 0, []
     for chunk in iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes):
         parsed = parse_chunk(chunk, fmt)
