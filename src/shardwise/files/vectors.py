@@ -50,7 +50,7 @@ def load_vectors(
     ([1001, 1002], [[0.1, 0.2], [0.3, 0.4]])
     """
     records, stats = load_records(
-        paths, Format("fvec", delimiter, ids, parser, on_error, features), **pipeline)
+        paths, lambda: Format("fvec", delimiter, ids, parser, on_error, features), **pipeline)
     started = time.perf_counter()
     order = np.argsort(records["id"], kind="stable")
     vectors = Vectors(records["id"][order], records["values"][order])
