@@ -4,19 +4,21 @@ A rank whose sampler has another seed, epoch or dataset length than the others d
 it silently reads data that overlaps theirs. :func:`check_consistent` turns that into an error
 on every rank, at the cost of one small collective. Samplers never run collectives on their own,
 so call it yourself, once per epoch, after ``set_epoch``.
+
+Likewise a rank that fails alone would leave the others waiting in their next collective:
+:func:`agree` and :func:`together` put one small all-gather before it, so that an error on any
+rank is raised on every rank, in the failing rank's type, naming the rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-import torch.distributed as torch_dist
-
 from shardwise.distributed.world import gather_objects, group_world
-
 
 T = TypeVar("T")
 
@@ -197,21 +199,17 @@ def _ranks_have(ranks: Sequence[int]) -> str:
 def _with_message(exc: BaseException, message: str) -> BaseException:
     """A copy of ``exc`` saying ``message``: its own type where a copy can carry the message,
     else the nearest built-in base class that can (custom constructors, ``UnicodeDecodeError``)."""
-    try:
+    with contextlib.suppress(Exception):  # a type that cannot be copied falls back below
         copied = copy.copy(exc)  # through __reduce__, as pickle rebuilds it
         copied.args = (message,)
         if str(copied) == message:
             return copied
-    except Exception:  # noqa: BLE001 - any type that cannot be copied falls back below
-        pass
     for base in type(exc).__mro__:
         if base.__module__ == "builtins":
-            try:
+            with contextlib.suppress(Exception):  # e.g. UnicodeDecodeError wants five arguments
                 rebuilt = base(message)
-            except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError wants five arguments
-                continue
-            if str(rebuilt) == message:
-                return rebuilt
+                if str(rebuilt) == message:
+                    return rebuilt
     return RuntimeError(message)
 
 
