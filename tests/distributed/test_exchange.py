@@ -7,8 +7,8 @@ import pytest
 
 from shardwise.distributed.consistency import InconsistentRanksError
 from shardwise.distributed.exchange import all_to_all_bytes
-from shardwise.distributed.world import gather_objects, group_world
 from shardwise.distributed.launch import spawn_local
+from shardwise.distributed.world import gather_objects, group_world
 
 
 def _payload(src: int, dst: int, seed: int) -> bytes:
@@ -67,8 +67,8 @@ def _exchange_with_round_bytes(per_rank_round_bytes: list[int]) -> tuple[str, st
 def test_ranks_with_different_round_bytes_all_fail_instead_of_one_waiting() -> None:
     # Rank 1 would run 34 rounds where the others run 1: every rank must refuse, naming rank 1.
     per_rank = spawn_local(_exchange_with_round_bytes, 3, [300, 9, 300], timeout=60)
-    assert per_rank == [("InconsistentRanksError", "the exchange needs the same round_bytes on "
-                         "every rank: rank 1 has round_bytes=9 where ranks 0, 2 have "
-                         "round_bytes=300")] * 3
+    refused = ("the exchange needs the same round_bytes on every rank: rank 1 has round_bytes=9 "
+               "where ranks 0, 2 have round_bytes=300")
+    assert per_rank == [("InconsistentRanksError", refused)] * 3
     too_small = spawn_local(_exchange_with_round_bytes, 3, [2, 2, 2], timeout=60)
     assert too_small == [("ValueError", "round_bytes must be at least the world size (3), got 2")] * 3

@@ -102,8 +102,8 @@ def test_every_rank_raises_what_one_rank_met_naming_it(tmp_path: Path) -> None:
     assert kind == "ParseError" and message.startswith("rank 1: data/b.txt:3: id 'oops!' is not an")
     assert (bad.file, bad.line, bad.text) == ("data/b.txt", 3, "00102,oops!")
 
-    assert out["missing file"][:2] == ("FileNotFoundError", "rank 1: input file not found: "
-                                       "'data/b.txt' (check the path or URL)")
+    not_found = "rank 1: input file not found: 'data/b.txt' (check the path or URL)"
+    assert out["missing file"][:2] == ("FileNotFoundError", not_found)
     kind, message, _ = out["missing from listing"]
     assert kind == "InconsistentRanksError"
     assert "data/b.txt is missing on rank 1 (2 files there, 3 on ranks 0, 2)" in message
@@ -111,13 +111,13 @@ def test_every_rank_raises_what_one_rank_met_naming_it(tmp_path: Path) -> None:
     assert kind == "InconsistentRanksError"
     assert "data/b.txt has 1,212 bytes on rank 1 but 1,200 on ranks 0, 2" in message
     kind, message, _ = out["reordered"]
-    assert "file 1 is data/c.txt on rank 1 but data/a.txt on ranks 0, 2 (the same files in " \
-           "another order)" in message and "a sorted list, not a set" in message
-    assert "rank 1 has round_bytes=1048576 where ranks 0, 2 have round_bytes=1073741824" \
-           in out["round_bytes"][1]
+    assert ("file 1 is data/c.txt on rank 1 but data/a.txt on ranks 0, 2 (the same files in "
+            "another order)") in message and "a sorted list, not a set" in message
+    round_bytes = "rank 1 has round_bytes=1048576 where ranks 0, 2 have round_bytes=1073741824"
+    assert round_bytes in out["round_bytes"][1]
     assert "rank 2 has pattern='smap' where ranks 0, 1 have pattern='fmap'" in out["pattern"][1]
-    assert out["bad argument"][:2] == ("ValueError", "rank 2: unknown graph kind 'tree': choose "
-                                       "one of digraph, bigraph, undirected")
+    unknown = "rank 2: unknown graph kind 'tree': choose one of digraph, bigraph, undirected"
+    assert out["bad argument"][:2] == ("ValueError", unknown)
     assert "file 1 is data/c.txt on rank 0 but data/a.txt on ranks 1, 2" in out["agreed plan"][1]
     assert sorted(e for r in range(WORLD) for e in per_rank[r]["afterwards"]) == sorted(EDGES)
 

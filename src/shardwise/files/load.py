@@ -121,6 +121,7 @@ def load_records(
     when any rank fails; ``InconsistentRanksError`` when the ranks planned different files or
     passed different settings.
     """
+    started = time.perf_counter()
     world_size, rank = resolve_world()
     if group_world()[0] != world_size:
         raise RuntimeError(
@@ -137,13 +138,16 @@ def load_records(
         return plan(paths, world), the_format, settings
 
     the_plan, the_format = plan_together(prepare, caller="loading files")
+    planned = time.perf_counter()
     records, stats = together(lambda: _read(the_plan, the_format, rank, mirror, block_bytes, progress))
-    started = time.perf_counter()
     owned = records
     if world_size > 1:  # one rank owns everything: no owners to compute
         owned = route(records, owners(records, the_format.pattern, world_size), world_size,
                       round_bytes=round_bytes)
-    seconds = {**stats.seconds, "exchange": time.perf_counter() - started}
+    # Planning counts as reading; the exchange starts after this rank's last parsed line, so
+    # waiting for the other ranks to finish theirs is part of it.
+    read = planned - started + stats.seconds["read+parse"]
+    seconds = {"read+parse": read, "exchange": time.perf_counter() - started - read}
     return owned, replace(stats, records_owned=len(owned), seconds=seconds)
 
 
