@@ -229,6 +229,13 @@ def test_lines_that_are_not_utf8_are_skipped_or_named_on_every_path(
     assert all("not valid UTF-8" in bad.reason for bad in stats.examples)
 
 
+def test_whatever_a_parser_hook_raises_names_the_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "1 2\n3\n")
+    fields = lambda line: dict(zip("ab", line.split()))["b"] and line.split()
+    with pytest.raises(ParseError, match=r"in.txt:2: KeyError: 'b': '3'"):
+        read_records(path, Format(parser=fields), 0, 1)
+
+
 def test_parse_errors_pickle_whole() -> None:
     error = ParseError(BadLine("data/b.txt", 3, "1,x", "id 'x' is not an integer"), "rank 1: boom")
     again = pickle.loads(pickle.dumps(error))
@@ -241,10 +248,12 @@ def test_wide_fvec_lines_parse_like_the_per_line_path(tmp_path: Path) -> None:
     path = _write(tmp_path, "\r\n".join(f"{i}," + ",".join(map(str, v)) for i, v in rows) + "\n\n")
     for ids in ("int", "str"):
         fast = read_records(path, Format("fvec", ids=ids), 0, 1)[0]
-        slow = read_records(path, Format("fvec", ids=ids, parser=lambda l: l.split(",")), 0, 1)[0]
+        per_line = Format("fvec", ids=ids, parser=lambda line: line.split(","))
+        slow = read_records(path, per_line, 0, 1)[0]
         assert fast.tobytes() == slow.tobytes()
     assert [int(i) for i in fast["id"]] == [int(i) for i in string_ids([str(i) for i, _ in rows])]
-    assert np.array_equal(read_records(path, Format("fvec"), 0, 1)[0]["values"], [v for _, v in rows])
+    assert np.array_equal(read_records(path, Format("fvec"), 0, 1)[0]["values"],
+                          [v for _, v in rows])
 
 
 _PEAK_MEMORY = """

@@ -162,7 +162,7 @@ def parse_chunk(chunk: Chunk, fmt: Format) -> Parsed:
 
 
 def first_line_features(lines: Iterable[bytes], fmt: Format) -> int | None:
-    """The number of values on the first line with an id and at least one value (None: no such line).
+    """The number of values on the first line with an id and a value (None: there is none).
 
     Every ``fvec`` line must have as many, so every rank takes the same number from the start of
     the input. Lines that are not valid UTF-8 are passed over.
@@ -369,7 +369,7 @@ def _ids(columns: list[pa.Array | pa.ChunkedArray], fmt: Format) -> list[np.ndar
     if any(len(s) and pc.min(pc.binary_length(s)).as_py() == 0 for s in strings):
         raise _NeedsSlowPath  # an empty id: let the per-line path name the line
     for s in strings:
-        s.cast(pa.string())  # checks the ids are UTF-8 (ArrowInvalid: the per-line path names the line)
+        s.cast(pa.string())  # checks they are UTF-8 (else ArrowInvalid: the per-line path names it)
     ids = [hash_binary(s) for s in strings]
     everything = pa.chunked_array([c for s in strings for c in s.chunks], type=pa.binary())
     check_distinct(everything, np.concatenate(ids))
@@ -410,7 +410,7 @@ def _slow(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
             if fmt.pattern == "fvec":
                 _check_features(len(fields) - 1, fmt)
             parsed = _INTERPRET[fmt.pattern](fields, convert_id)
-        except (ValueError, TypeError, IndexError, OverflowError) as error:
+        except Exception as error:  # noqa: BLE001 - all a parser hook raises is about the line
             if first_line_number is None:
                 first_line_number = chunk.line_number()
             problem = BadLine(chunk.source.name, first_line_number + index, _shown(line),
@@ -444,8 +444,11 @@ def _shown(line: str | bytes) -> str:
 
 def _reason(error: Exception) -> str:
     if isinstance(error, UnicodeDecodeError):
-        return f"not valid UTF-8 ({error.reason} at byte {error.start}; re-encode the file as UTF-8)"
-    return str(error)
+        return (f"not valid UTF-8 ({error.reason} at byte {error.start}; re-encode the file as "
+                "UTF-8)")
+    if isinstance(error, (ValueError, TypeError)):  # the loader's own: their text says it all
+        return str(error)
+    return f"{type(error).__name__}: {error}"  # e.g. from a parser hook
 
 
 def _check_features(count: int, fmt: Format) -> None:
