@@ -131,7 +131,8 @@ def test_types_that_cannot_be_rebuilt_become_their_builtin_base_and_keep_their_n
 
 def test_ranks_with_the_same_problem_are_named_together_and_the_first_rank_is_raised():
     problems = [None, KeyError("x"), ValueError("bad size"), ValueError("bad size")]
-    with pytest.raises(LookupError, match=r"^rank 1: KeyError: 'x'; ranks 2, 3: ValueError: bad size$"):
+    named = r"^rank 1: KeyError: 'x'; ranks 2, 3: ValueError: bad size$"
+    with pytest.raises(LookupError, match=named):
         raise_first_problem(problems)
     raise_first_problem([None, None])  # nothing to raise
 

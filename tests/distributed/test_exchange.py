@@ -71,4 +71,5 @@ def test_ranks_with_different_round_bytes_all_fail_instead_of_one_waiting() -> N
                "where ranks 0, 2 have round_bytes=300")
     assert per_rank == [("InconsistentRanksError", refused)] * 3
     too_small = spawn_local(_exchange_with_round_bytes, 3, [2, 2, 2], timeout=60)
-    assert too_small == [("ValueError", "round_bytes must be at least the world size (3), got 2")] * 3
+    too_few = "round_bytes must be at least the world size (3), got 2"
+    assert too_small == [("ValueError", too_few)] * 3

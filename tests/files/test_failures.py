@@ -66,9 +66,11 @@ def _failures(root: Path) -> dict[str, tuple]:
     _rank_tree(root / "same", rank)
     in_order = ["data/a.txt", "data/b.txt", "data/c.txt"]
     out["reordered"] = _outcome(lambda: load_graph(in_order[::-1] if rank == 1 else in_order))
-    out["round_bytes"] = _outcome(lambda: load_graph("data", round_bytes=2**20 if rank == 1 else 2**30))
+    round_bytes = 2**20 if rank == 1 else 2**30
+    out["round_bytes"] = _outcome(lambda: load_graph("data", round_bytes=round_bytes))
     out["pattern"] = _outcome(lambda: load_graph("data", "smap" if rank == 2 else "fmap"))
-    out["bad argument"] = _outcome(lambda: load_graph("data", kind="tree" if rank == 2 else "digraph"))
+    kind = "tree" if rank == 2 else "digraph"
+    out["bad argument"] = _outcome(lambda: load_graph("data", kind=kind))
     out["agreed plan"] = _outcome(lambda: agreed_plan(in_order[::-1] if rank == 0 else in_order))
     out["afterwards"] = sorted(_edges(load_graph("data")))  # the group still works
     return out
@@ -147,6 +149,7 @@ def test_a_set_of_paths_gives_every_line_exactly_once(tmp_path: Path) -> None:
 def _vectors(folder: Path) -> dict:
     vectors = load_vectors(folder / "ragged.txt", on_error="skip")
     tiny = load_vectors(folder / "tiny.txt")
+    seconds = vectors.stats.seconds
     return {
         "vectors": list(zip(vectors.ids.tolist(), map(tuple, vectors.values.tolist()))),
         "named": [(bad.file, bad.line) for bad in vectors.stats.examples],
@@ -154,13 +157,13 @@ def _vectors(folder: Path) -> dict:
         "tiny shape": tiny.values.shape[1],
         "stats types": {name: type(getattr(vectors.stats, name)).__name__ for name in (
             "rank", "world_size", "bytes_read", "lines", "records_read", "records_owned",
-            "skipped")} | {"seconds": sorted({type(s).__name__ for s in vectors.stats.seconds.values()})},
+            "skipped")} | {"seconds": sorted({type(s).__name__ for s in seconds.values()})},
     }
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.filterwarnings("ignore:rank .* skipped")
-def test_ragged_vectors_are_skipped_and_named_and_every_rank_knows_the_length(tmp_path: Path) -> None:
+def test_ragged_vectors_are_skipped_and_named_and_all_ranks_know_the_length(tmp_path: Path) -> None:
     rows = [(i, (i / 2, i / 4)) for i in range(3_000)]
     lines = [f"{i},{a},{b}" for i, (a, b) in rows]
     ragged = [1_000, 1_001, 2_500]

@@ -153,7 +153,9 @@ def test_a_set_of_paths_is_planned_in_sorted_order(tmp_path: Path) -> None:
     assert [s.name for s in plan(frozenset(given), 3).sources] == [str(tmp_path / n) for n in names]
 
 
-def test_names_keep_the_spelling_of_the_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_names_keep_the_spelling_of_the_inputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "data" / "sub").mkdir(parents=True)
     (tmp_path / "data" / "a.txt").write_text("a\n")
     (tmp_path / "data" / "sub" / "b.txt").write_text("b\n")
@@ -178,7 +180,7 @@ def test_symlinked_directories_are_walked_once_and_loops_end(tmp_path: Path) -> 
     assert [s.size for s in sources] == [2, 2]  # never a directory's 4096 bytes
     assert read_lines(root, 0, 1) == ["a", "b"]
     (root / "c.txt").symlink_to(elsewhere / "b.txt")  # a file reached twice is still an error
-    with pytest.raises(ValueError, match=r"linked/b.txt \(the same file as .*c.txt\) is named twice"):
+    with pytest.raises(ValueError, match=r"linked/b.txt \(the same file as .*c.txt\) is named"):
         plan(root, 1)
     assert read_lines(str(tmp_path / "*" / "linked" / "*.txt"), 0, 1) == ["b"]
 
@@ -186,12 +188,12 @@ def test_symlinked_directories_are_walked_once_and_loops_end(tmp_path: Path) -> 
 def test_broken_and_looping_symlinks_are_errors_naming_them(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("a\n")
     (tmp_path / "dangling").symlink_to(tmp_path / "gone.txt")
-    with pytest.raises(FileNotFoundError, match=r"input '.*dangling' cannot be opened .*broken symlink"):
+    with pytest.raises(FileNotFoundError, match=r"'.*dangling' cannot be opened .*broken symlink"):
         plan(tmp_path, 1)
     (tmp_path / "dangling").unlink()
     (tmp_path / "one").symlink_to(tmp_path / "two")
     (tmp_path / "two").symlink_to(tmp_path / "one")
-    with pytest.raises(FileNotFoundError, match=r"input '.*one' cannot be opened \(Too many levels"):
+    with pytest.raises(FileNotFoundError, match=r"'.*one' cannot be opened \(Too many levels"):
         plan(tmp_path, 1)
     (tmp_path / "one").unlink()
     (tmp_path / "two").unlink()

@@ -214,7 +214,7 @@ def _with_message(exc: BaseException, message: str) -> BaseException:
 
 
 def _portable(exc: BaseException | None) -> BaseException | None:
-    """``exc`` if pickle can rebuild it on the other ranks, else a built-in stand-in naming its type."""
+    """``exc`` if pickle can rebuild it on the other ranks, else a built-in stand-in naming it."""
     if exc is None:
         return None
     try:

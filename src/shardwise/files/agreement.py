@@ -95,8 +95,9 @@ def _first_difference(listing: Listing, ranks: str, usual: Listing, usual_ranks:
                 return f"{usual_name} is missing on {ranks} {counts}"
             if name not in usual_names:
                 return f"{name} is planned on {ranks} only {counts}"
-            reordered = " (the same files in another order)" if sorted(names) == sorted(usual_names) else ""
-            return f"file {index + 1} is {name} on {ranks} but {usual_name} on {usual_ranks}{reordered}"
+            same = sorted(names) == sorted(usual_names)
+            order = " (the same files in another order)" if same else ""
+            return f"file {index + 1} is {name} on {ranks} but {usual_name} on {usual_ranks}{order}"
     if len(listing) < len(usual):
         return f"{usual[len(listing)][0]} is missing on {ranks} {counts}"
     return f"{listing[len(usual)][0]} is planned on {ranks} only {counts}"

@@ -139,7 +139,8 @@ def load_records(
 
     the_plan, the_format = plan_together(prepare, caller="loading files")
     planned = time.perf_counter()
-    records, stats = together(lambda: _read(the_plan, the_format, rank, mirror, block_bytes, progress))
+    records, stats = together(
+        lambda: _read(the_plan, the_format, rank, mirror, block_bytes, progress))
     owned = records
     if world_size > 1:  # one rank owns everything: no owners to compute
         owned = route(records, owners(records, the_format.pattern, world_size), world_size,

@@ -140,7 +140,7 @@ def read_lines(
 
 
 def leading_lines(paths: Paths | Plan) -> Iterator[bytes]:
-    """The input's lines from its very start, as bytes without terminators, read as they are asked for.
+    """The input's lines from its very start, as bytes without terminators, read as asked for.
 
     For looking at the first lines (every rank sees the same ones), not for reading a share.
 
