@@ -90,19 +90,16 @@ def raise_first_problem(
     Traceback (most recent call last):
     ValueError: rank 1: size must be an int
     """
-    failed: dict[tuple[type, str], list[int]] = {}
-    firsts: dict[tuple[type, str], BaseException] = {}
+    failed: dict[tuple[type, str], tuple[BaseException, list[int]]] = {}  # by type and text
     for rank, exc in enumerate(problems):
         if exc is not None:
-            key = (type(exc), str(exc))
-            failed.setdefault(key, []).append(rank)
-            firsts.setdefault(key, exc)
+            failed.setdefault((type(exc), str(exc)), (exc, []))[1].append(rank)
     if not failed:
         return
-    first = next(iter(firsts.values()))
+    first = next(iter(failed.values()))[0]
     raised = type(_with_message(first, ""))  # the type the message will travel in
     parts = [f"{name_ranks(ranks)}: {'' if kind is raised else kind.__name__ + ': '}{text}"
-             for (kind, text), ranks in list(failed.items())[:_SHOWN_PROBLEMS]]
+             for (kind, text), (_, ranks) in list(failed.items())[:_SHOWN_PROBLEMS]]
     if len(failed) > _SHOWN_PROBLEMS:
         parts.append(f"and {len(failed) - _SHOWN_PROBLEMS} other problem(s) on other ranks")
     raise _with_message(first, "; ".join(parts)) from cause
