@@ -12,8 +12,11 @@ from shardwise.distributed.consistency import (
     agree,
     check_consistent,
     disagreements,
+    raise_first_problem,
+    together,
 )
 from shardwise.distributed.launch import spawn_local
+from shardwise.distributed.world import gather_objects
 from shardwise.samplers.distributed import DistributedSampler
 
 
@@ -98,3 +101,66 @@ def test_every_rank_names_the_rank_that_differs():
     assert "rank 2's sampler has rank=1" in out["world"]
     assert "rank 1's sampler has rank=0" in out["rank"]
     assert out["seed"].startswith("samplers differ across ranks")
+
+
+class _NeedsTwoArguments(ValueError):
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
+def test_a_raised_problem_keeps_its_type_and_attributes_and_names_its_rank():
+    from shardwise.files import BadLine, ParseError
+
+    bad = BadLine("data/b.txt", 3, "1,x", "id 'x' is not an integer")
+    with pytest.raises(ParseError, match=r"^rank 1: data/b\.txt:3: id 'x'") as caught:
+        raise_first_problem([None, ParseError(bad), None])
+    assert caught.value.bad == bad
+    missing = FileNotFoundError(2, "No such file or directory", "data/c.txt")
+    with pytest.raises(FileNotFoundError, match=r"^rank 0: \[Errno 2\] .*'data/c.txt'$"):
+        raise_first_problem([missing])
+
+
+def test_types_that_cannot_be_rebuilt_become_their_builtin_base_and_keep_their_name():
+    with pytest.raises(ValueError, match=r"^rank 2: _NeedsTwoArguments: size: too big$") as caught:
+        raise_first_problem([None, None, _NeedsTwoArguments("size", "too big")])
+    assert type(caught.value) is ValueError
+    decode = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+    with pytest.raises(UnicodeError, match="^rank 0: UnicodeDecodeError: 'utf-8' codec can't"):
+        raise_first_problem([decode])
+
+
+def test_ranks_with_the_same_problem_are_named_together_and_the_first_rank_is_raised():
+    problems = [None, KeyError("x"), ValueError("bad size"), ValueError("bad size")]
+    named = r"^rank 1: KeyError: 'x'; ranks 2, 3: ValueError: bad size$"
+    with pytest.raises(LookupError, match=named):
+        raise_first_problem(problems)
+    raise_first_problem([None, None])  # nothing to raise
+
+
+def test_the_local_exception_becomes_the_cause():
+    local = OSError("disk on fire")
+    with pytest.raises(OSError) as caught:
+        raise_first_problem([local], cause=local)
+    assert caught.value.__cause__ is local and caught.value is not local
+
+
+def _failing_together(failing_rank: int) -> tuple[str, str, bool]:
+    """Rank ``failing_rank`` fails inside ``together``; every rank reports what it raised."""
+    def step() -> int:
+        if torch_dist.get_rank() == failing_rank:
+            raise _NeedsTwoArguments("rank", "broke")  # no pickling by default: it still travels
+        return torch_dist.get_rank()
+
+    try:
+        together(step)
+    except ValueError as exc:
+        gathered = gather_objects(torch_dist.get_rank())  # the group is still usable afterwards
+        return type(exc).__name__, str(exc), gathered == [0, 1, 2]
+    return "ok", "", False
+
+
+@pytest.mark.timeout(120)
+def test_together_raises_one_rank_failure_on_every_rank():
+    per_rank = spawn_local(_failing_together, 3, 1, timeout=60)
+    assert per_rank == [("ValueError", "rank 1: _NeedsTwoArguments: rank: broke", True)] * 3
+    assert together(lambda: "alone") == "alone"

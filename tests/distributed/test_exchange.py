@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardwise.distributed.consistency import InconsistentRanksError
 from shardwise.distributed.exchange import all_to_all_bytes
-from shardwise.distributed.world import gather_objects, group_world
 from shardwise.distributed.launch import spawn_local
+from shardwise.distributed.world import gather_objects, group_world
 
 
 def _payload(src: int, dst: int, seed: int) -> bytes:
@@ -51,3 +52,24 @@ def test_without_a_process_group_the_single_rank_gets_its_own_bytes_back() -> No
 def test_wrong_number_of_payloads_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="one payload per rank: got 2 for a world of 1"):
         all_to_all_bytes([b"a", b"b"])
+
+
+def _exchange_with_round_bytes(per_rank_round_bytes: list[int]) -> tuple[str, str]:
+    world_size, rank = group_world()
+    try:
+        all_to_all_bytes([b"x" * 100] * world_size, round_bytes=per_rank_round_bytes[rank])
+    except (InconsistentRanksError, ValueError) as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+@pytest.mark.timeout(120)
+def test_ranks_with_different_round_bytes_all_fail_instead_of_one_waiting() -> None:
+    # Rank 1 would run 34 rounds where the others run 1: every rank must refuse, naming rank 1.
+    per_rank = spawn_local(_exchange_with_round_bytes, 3, [300, 9, 300], timeout=60)
+    refused = ("the exchange needs the same round_bytes on every rank: rank 1 has round_bytes=9 "
+               "where ranks 0, 2 have round_bytes=300")
+    assert per_rank == [("InconsistentRanksError", refused)] * 3
+    too_small = spawn_local(_exchange_with_round_bytes, 3, [2, 2, 2], timeout=60)
+    too_few = "round_bytes must be at least the world size (3), got 2"
+    assert too_small == [("ValueError", too_few)] * 3

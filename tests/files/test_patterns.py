@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.files import Format, ParseError, read_records, string_ids
+from shardwise.files import BadLine, Format, ParseError, read_records, string_ids
 from shardwise.files.ids import check_distinct
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -65,7 +70,7 @@ def test_fset_lines_give_one_edge_per_target_with_mixed_weights(rows):
             assert _edges(read_records(path, Format("fset", parser=parser), 0, 1)[0]) == expected
 
 
-def test_seed_003_examples(tmp_path: Path) -> None:
+def test_paracel_examples(tmp_path: Path) -> None:
     # fmap / fsmap lines with and without a weight, fset with the mix flag, fvec by space.
     pairs = _write(tmp_path, "1,2\n1,3,0.2\n", "pairs.txt")
     assert _edges(read_records(pairs, Format("fsmap"), 0, 1)[0]) == [(1, 2, 1.0), (1, 3, 0.2)]
@@ -137,10 +142,43 @@ def test_colliding_string_ids_are_detected() -> None:
         check_distinct(pa.array([b"a", b"b"]), np.array([1, 1]))
 
 
-def test_fvec_lines_must_agree_on_their_length(tmp_path: Path) -> None:
-    path = _write(tmp_path, "1,0.5,0.5\n2,0.5\n")
-    with pytest.raises(ParseError, match=r"in.txt:2: expected 2 features as on earlier lines, got 1"):
+def test_fvec_lines_must_have_as_many_features_as_the_first(tmp_path: Path) -> None:
+    path = _write(tmp_path, "\n7\n1,0.5,0.5\n2,0.5\n")  # the first line with a feature has 2
+    with pytest.raises(ParseError, match=r"in.txt:2: expected 2 features, got 0"):
         read_records(path, Format("fvec"), 0, 1)
+    with pytest.warns(UserWarning, match="skipped 2 malformed"):
+        records, stats = read_records(path, Format("fvec", on_error="skip"), 0, 1)
+    assert records["id"].tolist() == [1] and [bad.line for bad in stats.examples] == [2, 4]
+    with pytest.raises(ParseError, match=r"in.txt:2: expected 1 features, got 0"):
+        read_records(path, Format("fvec", features=1, parser=lambda line: line.split(",")), 0, 1)
+    # Every rank takes the number from the input's first line, even a rank that never reads it.
+    empty_rank, _ = read_records(_write(tmp_path, "1,0.5,0.5\n", "one.txt"), Format("fvec"), 1, 2)
+    assert empty_rank.dtype["values"].shape == (2,) and len(empty_rank) == 0
+
+
+def _ragged_vectors(folder: Path) -> tuple[Path, list[int], list[tuple]]:
+    """100,000 3-feature lines with ragged ones placed where chunks, halves and ranks begin."""
+    lines = [f"{i},{i / 2},{i / 4},{i / 8}" for i in range(100_000)]
+    ragged = [2, 9_000, 30_001, 50_000, 50_001, 66_667, 99_999]  # 1-based line numbers
+    for number in ragged:
+        lines[number - 1] = f"{number},0.5" if number % 2 else f"{number},1,2,3,4"
+    good = [(i, (i / 2, i / 4, i / 8)) for i in range(100_000) if i + 1 not in ragged]
+    return _write(folder, "\n".join(lines) + "\n", "ragged.txt"), ragged, good
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_ragged_fvec_lines_are_skipped_and_each_is_named(tmp_path: Path, world_size: int) -> None:
+    path, ragged, good = _ragged_vectors(tmp_path)
+    got, named = [], []
+    for rank in range(world_size):
+        with pytest.warns(UserWarning, match="malformed line"):
+            records, stats = read_records(path, Format("fvec", on_error="skip"), rank, world_size,
+                                          block_bytes=200_000)
+        got += [(int(r["id"]), tuple(r["values"].tolist())) for r in records]
+        named += [(bad.file, bad.line, bad.reason) for bad in stats.examples]
+    assert got == good
+    assert [line for _, line, _ in named] == ragged
+    assert all(file == str(path) and "expected 3 features" in reason for file, _, reason in named)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -154,3 +192,98 @@ def test_fvec_lines_must_agree_on_their_length(tmp_path: Path) -> None:
 def test_bad_formats_are_clear_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Format(**kwargs)
+
+
+_GOOD_LINE = {
+    "fmap": lambda i, p: f"{p}{i},{p}{i + 1},0.5",
+    "fset": lambda i, p: f"{p}{i},{p}{i + 1}|0.5,{p}{i + 2}",
+    "fvec": lambda i, p: f"{p}{i},0.5,{i / 4}",
+}
+_NOT_UTF8 = [b"\xff\xfe", b"7\xe9,8,0.5", b"1,2,0.\xe95", b"x\xc3(,y,z"]  # bad byte anywhere
+
+
+@pytest.mark.parametrize("pattern", ["fmap", "fset", "fvec"])
+@pytest.mark.parametrize("ids", ["int", "str"])
+@pytest.mark.parametrize("per_line", [False, True])
+def test_lines_that_are_not_utf8_are_skipped_or_named_on_every_path(
+    tmp_path: Path, pattern: str, ids: str, per_line: bool
+) -> None:
+    prefix = "n" if ids == "str" else ""
+    good = [_GOOD_LINE[pattern](i, prefix).encode() for i in range(20_000)]  # fast path, halved
+    lines, bad_numbers = good[:], []
+    for at, bad in zip((0, 7_000, 7_001, 19_999), _NOT_UTF8):
+        lines.insert(at, bad)
+        bad_numbers.append(at + 1)
+    dirty = tmp_path / "dirty.txt"
+    dirty.write_bytes(b"\n".join(lines) + b"\n")
+    clean = tmp_path / "clean.txt"
+    clean.write_bytes(b"\n".join(good) + b"\n")
+    parser = (lambda line: line.split(",")) if per_line else None
+    fmt = Format(pattern, ids=ids, parser=parser)
+    with pytest.raises(ParseError, match=r"dirty.txt:1: not valid UTF-8 \(invalid start byte"):
+        read_records(dirty, fmt, 0, 1)
+    with pytest.warns(UserWarning, match="skipped 4 malformed"):
+        records, stats = read_records(dirty, replace(fmt, on_error="skip"), 0, 1)
+    assert records.tobytes() == read_records(clean, fmt, 0, 1)[0].tobytes()
+    assert stats.skipped == 4 and [bad.line for bad in stats.examples] == bad_numbers
+    assert all("not valid UTF-8" in bad.reason for bad in stats.examples)
+
+
+def test_whatever_a_parser_hook_raises_names_the_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "1 2\n3\n")
+    fields = lambda line: dict(zip("ab", line.split()))["b"] and line.split()
+    with pytest.raises(ParseError, match=r"in.txt:2: KeyError: 'b': '3'"):
+        read_records(path, Format(parser=fields), 0, 1)
+
+
+def test_parse_errors_pickle_whole() -> None:
+    error = ParseError(BadLine("data/b.txt", 3, "1,x", "id 'x' is not an integer"), "rank 1: boom")
+    again = pickle.loads(pickle.dumps(error))
+    assert (type(again), again.bad, str(again)) == (ParseError, error.bad, "rank 1: boom")
+
+
+def test_wide_fvec_lines_parse_like_the_per_line_path(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    rows = [(i * 7 - 9, rng.random(3_000).round(6)) for i in range(5)]  # wider than a CSV's columns
+    path = _write(tmp_path, "\r\n".join(f"{i}," + ",".join(map(str, v)) for i, v in rows) + "\n\n")
+    for ids in ("int", "str"):
+        fast = read_records(path, Format("fvec", ids=ids), 0, 1)[0]
+        per_line = Format("fvec", ids=ids, parser=lambda line: line.split(","))
+        slow = read_records(path, per_line, 0, 1)[0]
+        assert fast.tobytes() == slow.tobytes()
+    assert [int(i) for i in fast["id"]] == [int(i) for i in string_ids([str(i) for i, _ in rows])]
+    assert np.array_equal(read_records(path, Format("fvec"), 0, 1)[0]["values"],
+                          [v for _, v in rows])
+
+
+_PEAK_MEMORY = """
+import sys
+from shardwise.files import load_vectors
+
+def resident(field):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+                if line.startswith(field))
+
+load_vectors(sys.argv[2])  # pyarrow's kernels and allocator warmed up on a short wide line
+before = resident("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from here
+ids, values = load_vectors(sys.argv[1])
+print(resident("VmHWM:") - before, values.shape[1])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_long_fvec_line_needs_memory_of_a_few_times_its_bytes(tmp_path: Path) -> None:
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to measure a peak")
+    values = np.random.default_rng(5).random(500_000).round(6)
+    line = "42," + ",".join(map(str, values.tolist())) + "\n"
+    wide = _write(tmp_path, line, "wide.txt")
+    warm = _write(tmp_path, "1," + ",".join(["0.5"] * 2_000) + "\n", "warm.txt")
+    probe = subprocess.run([sys.executable, "-c", _PEAK_MEMORY, str(wide), str(warm)],
+                           capture_output=True, text=True, check=True)
+    growth, features = map(int, probe.stdout.split())
+    assert features == values.size
+    # pyarrow.csv took ~1.2 GB per MB of such a line; the string-kernel path ~6x its bytes.
+    assert growth < 10 * len(line), f"peak grew by {growth / len(line):.1f}x the line's bytes"

@@ -140,3 +140,77 @@ def test_the_plan_prints_as_a_table_with_one_row_per_rank(tmp_path: Path) -> Non
     assert "200 bytes, 3 ranks" in text
     rows = [line for line in text.splitlines() if "a.txt@" in line]
     assert len(rows) == 3 and all(os.fspath(tmp_path) in row for row in rows)
+
+
+def test_a_set_of_paths_is_planned_in_sorted_order(tmp_path: Path) -> None:
+    names = [f"{i:02d}.txt" for i in range(20)]
+    for name in names:
+        (tmp_path / name).write_text(f"{name}\n")
+    given = {tmp_path / name for name in names} | {str(tmp_path / "00.txt")}  # str and Path alike
+    with pytest.raises(ValueError, match="00.txt is named twice"):
+        plan(given, 1)
+    given.discard(str(tmp_path / "00.txt"))
+    assert [s.name for s in plan(frozenset(given), 3).sources] == [str(tmp_path / n) for n in names]
+
+
+def test_names_keep_the_spelling_of_the_inputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "a.txt").write_text("a\n")
+    (tmp_path / "data" / "sub" / "b.txt").write_text("b\n")
+    monkeypatch.chdir(tmp_path)
+    assert [s.name for s in plan("data", 1).sources] == ["data/a.txt", "data/sub/b.txt"]
+    assert [s.name for s in plan("./data/", 1).sources] == ["data/a.txt", "data/sub/b.txt"]
+    assert [s.name for s in plan("data/*/*.txt", 1).sources] == ["data/sub/b.txt"]
+    assert [s.name for s in plan(["data/a.txt"], 1).sources] == ["data/a.txt"]
+
+
+def test_symlinked_directories_are_walked_once_and_loops_end(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    (root / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (root / "a.txt").write_text("a\n")
+    (elsewhere / "b.txt").write_text("b\n")
+    (root / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (root / "sub" / "loop").symlink_to(root, target_is_directory=True)  # back to an ancestor
+    (root / "sub" / "again").symlink_to(elsewhere, target_is_directory=True)  # walked already
+    sources = plan(root, 1).sources
+    assert [s.name for s in sources] == [str(root / "a.txt"), str(root / "linked" / "b.txt")]
+    assert [s.size for s in sources] == [2, 2]  # never a directory's 4096 bytes
+    assert read_lines(root, 0, 1) == ["a", "b"]
+    (root / "c.txt").symlink_to(elsewhere / "b.txt")  # a file reached twice is still an error
+    with pytest.raises(ValueError, match=r"linked/b.txt \(the same file as .*c.txt\) is named"):
+        plan(root, 1)
+    assert read_lines(str(tmp_path / "*" / "linked" / "*.txt"), 0, 1) == ["b"]
+
+
+def test_broken_and_looping_symlinks_are_errors_naming_them(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a\n")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone.txt")
+    with pytest.raises(FileNotFoundError, match=r"'.*dangling' cannot be opened .*broken symlink"):
+        plan(tmp_path, 1)
+    (tmp_path / "dangling").unlink()
+    (tmp_path / "one").symlink_to(tmp_path / "two")
+    (tmp_path / "two").symlink_to(tmp_path / "one")
+    with pytest.raises(FileNotFoundError, match=r"'.*one' cannot be opened \(Too many levels"):
+        plan(tmp_path, 1)
+    (tmp_path / "one").unlink()
+    (tmp_path / "two").unlink()
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(ValueError, match=r"input '.*pipe' is neither a file nor a directory"):
+        plan(tmp_path, 1)
+
+
+def test_a_file_that_shrank_after_planning_is_an_error_and_appended_bytes_are_not_read(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text("1\n2\n3\n")
+    the_plan = plan(path, 2)
+    with open(path, "a") as f:
+        f.write("4\n")
+    assert [read_lines(the_plan, rank, 2) for rank in range(2)] == [["1", "2"], ["3"]]
+    path.write_text("1\n")
+    with pytest.raises(OSError, match=r"a.txt has 2 bytes but had 6 when the load was planned"):
+        list(iter_chunks(the_plan, 1, 2))

@@ -4,16 +4,23 @@ A rank whose sampler has another seed, epoch or dataset length than the others d
 it silently reads data that overlaps theirs. :func:`check_consistent` turns that into an error
 on every rank, at the cost of one small collective. Samplers never run collectives on their own,
 so call it yourself, once per epoch, after ``set_epoch``.
+
+Likewise a rank that fails alone would leave the others waiting in their next collective:
+:func:`agree` and :func:`together` put one small all-gather before it, so that an error on any
+rank is raised on every rank, in the failing rank's type, naming the rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
-
-import torch.distributed as torch_dist
+import contextlib
+import copy
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from shardwise.distributed.world import gather_objects, group_world
+
+T = TypeVar("T")
 
 
 class InconsistentRanksError(RuntimeError):
@@ -36,14 +43,15 @@ def agree(
     """Every rank's ``mine``, after making every rank raise if any rank's input is unusable.
 
     ``mine["problem"]`` is that rank's input error or ``None``; any such error is raised on all
-    ranks (so none is left waiting in the next collective), then :class:`InconsistentRanksError`
-    if a ``must_match`` field differs between ranks.
+    ranks (so none is left waiting in the next collective; see :func:`raise_first_problem`), then
+    :class:`InconsistentRanksError` if a ``must_match`` field differs between ranks.
 
     >>> agree({"problem": None, "size": 7}, ["size"], caller="coverage")
     [{'problem': None, 'size': 7}]
     """
-    per_rank = gather_objects(dict(mine), group)
-    raise_first_problem([fields["problem"] for fields in per_rank])
+    problem = mine["problem"]
+    per_rank = gather_objects({**mine, "problem": _portable(problem)}, group)
+    raise_first_problem([fields["problem"] for fields in per_rank], cause=problem)
     differ = disagreements([{key: fields[key] for key in must_match} for fields in per_rank])
     if differ:
         raise InconsistentRanksError(f"{caller} needs the same {', '.join(must_match)} on every "
@@ -51,17 +59,50 @@ def agree(
     return per_rank
 
 
-def raise_first_problem(problems: Sequence[BaseException | None]) -> None:
-    """Raise the lowest rank's exception, its message listing every rank's problem.
+def together(step: Callable[[], T], group: Any = None) -> T:
+    """``step()`` on every rank; if it raised on any rank, it raises on every rank (one collective).
+
+    Put it before a collective that a failed rank would never join, so no rank waits for it.
+
+    >>> together(lambda: 7)
+    7
+    """
+    try:
+        result = step()
+    except Exception as exc:
+        agree({"problem": exc}, (), group, caller="together")  # raises it on every rank
+        raise
+    agree({"problem": None}, (), group, caller="together")
+    return result
+
+
+def raise_first_problem(
+    problems: Sequence[BaseException | None], cause: BaseException | None = None
+) -> None:
+    """Raise the lowest failing rank's exception, its message naming every failing rank.
+
+    The exception keeps its type and attributes (a ``FileNotFoundError`` stays one) where it can
+    be copied with a new message, else it becomes its nearest built-in base class. Ranks that
+    failed with the same message are named together. ``cause`` (this rank's own exception, with
+    its traceback) becomes the raised exception's ``__cause__``.
 
     >>> raise_first_problem([None, ValueError("size must be an int")])
     Traceback (most recent call last):
     ValueError: rank 1: size must be an int
     """
-    bad = [(rank, exc) for rank, exc in enumerate(problems) if exc is not None]
-    if bad:
-        message = "; ".join(f"rank {rank}: {exc}" for rank, exc in bad)
-        raise type(bad[0][1])(message)
+    failed: dict[tuple[type, str], tuple[BaseException, list[int]]] = {}  # by type and text
+    for rank, exc in enumerate(problems):
+        if exc is not None:
+            failed.setdefault((type(exc), str(exc)), (exc, []))[1].append(rank)
+    if not failed:
+        return
+    first = next(iter(failed.values()))[0]
+    raised = type(_with_message(first, ""))  # the type the message will travel in
+    parts = [f"{name_ranks(ranks)}: {'' if kind is raised else kind.__name__ + ': '}{text}"
+             for (kind, text), (_, ranks) in list(failed.items())[:_SHOWN_PROBLEMS]]
+    if len(failed) > _SHOWN_PROBLEMS:
+        parts.append(f"and {len(failed) - _SHOWN_PROBLEMS} other problem(s) on other ranks")
+    raise _with_message(first, "; ".join(parts)) from cause
 
 
 def disagreements(per_rank: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -73,7 +114,7 @@ def disagreements(per_rank: Sequence[Mapping[str, Any]]) -> list[str]:
     names = dict.fromkeys(name for fields in per_rank for name in fields)  # in first-seen order
     sentences = []
     for field in names:
-        groups = _group_ranks([fields.get(field, _MISSING) for fields in per_rank])
+        groups = group_ranks([fields.get(field, _MISSING) for fields in per_rank])
         # The largest group is taken as the intended value (ties: the one with the lowest rank).
         usual_value, usual_ranks = max(groups, key=lambda group: len(group[1]))
         for value, ranks in groups:
@@ -99,7 +140,7 @@ def check_consistent(sampler: ConfiguredSampler, group: Any = None) -> None:
     problems = disagreements([fields for _, fields in per_rank])
     problems += [f"rank {rank}'s sampler has rank={sampler_rank!r}"
                  for rank, (sampler_rank, _) in enumerate(per_rank) if sampler_rank != rank]
-    for value, ranks in _group_ranks([fields.get("num_replicas") for _, fields in per_rank]):
+    for value, ranks in group_ranks([fields.get("num_replicas") for _, fields in per_rank]):
         if value != world:
             problems.append(f"{_ranks_have(ranks)} num_replicas={value!r} but the process group "
                             f"has {world} rank{'s' if world != 1 else ''}")
@@ -118,9 +159,15 @@ class _Missing:
 
 
 _MISSING = _Missing()
+_SHOWN_PROBLEMS = 8  # distinct problems a message lists; the rest are counted
 
 
-def _group_ranks(values: Sequence[Any]) -> list[tuple[Any, list[int]]]:
+def group_ranks(values: Sequence[Any]) -> list[tuple[Any, list[int]]]:
+    """Each distinct value of ``values[rank]`` with the ranks that hold it, in first-seen order.
+
+    >>> group_ranks(["a", "b", "a"])
+    [('a', [0, 2]), ('b', [1])]
+    """
     # Equality, not hashing, so unhashable values (lists, arrays' tuples) group too.
     groups: list[tuple[Any, list[int]]] = []
     for rank, value in enumerate(values):
@@ -133,10 +180,45 @@ def _group_ranks(values: Sequence[Any]) -> list[tuple[Any, list[int]]]:
     return groups
 
 
-def _ranks_have(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]} has"
-    return f"ranks {', '.join(map(str, ranks))} have"
+def name_ranks(ranks: Sequence[int]) -> str:
+    """``rank 2`` or ``ranks 0, 1``.
+
+    >>> name_ranks([0, 1])
+    'ranks 0, 1'
+    """
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _ranks_have(ranks: Sequence[int]) -> str:
+    return f"{name_ranks(ranks)} {'has' if len(ranks) == 1 else 'have'}"
+
+
+def _with_message(exc: BaseException, message: str) -> BaseException:
+    """A copy of ``exc`` saying ``message``: its own type where a copy can carry the message,
+    else the nearest built-in base class that can (custom constructors, ``UnicodeDecodeError``)."""
+    with contextlib.suppress(Exception):  # a type that cannot be copied falls back below
+        copied = copy.copy(exc)  # through __reduce__, as pickle rebuilds it
+        copied.args = (message,)
+        if str(copied) == message:
+            return copied
+    for base in type(exc).__mro__:
+        if base.__module__ == "builtins":
+            with contextlib.suppress(Exception):  # e.g. UnicodeDecodeError wants five arguments
+                rebuilt = base(message)
+                if str(rebuilt) == message:
+                    return rebuilt
+    return RuntimeError(message)
+
+
+def _portable(exc: BaseException | None) -> BaseException | None:
+    """``exc`` if pickle can rebuild it on the other ranks, else a built-in stand-in naming it."""
+    if exc is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - a custom constructor or an unpicklable attribute
+        return _with_message(exc, f"{type(exc).__name__}: {exc}")
 
 
 def _show(field: str, value: Any) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from shardwise.distributed.consistency import InconsistentRanksError, disagreements
 from shardwise.distributed.world import collective_device, group_world
 
 DEFAULT_ROUND_BYTES = 2**30
@@ -67,12 +68,12 @@ def all_to_all_joined(
         raise ValueError(f"send_sizes must hold one size per rank ({world_size}), got {send_sizes}")
     if send_sizes.sum() != send.size:
         raise ValueError(f"send_sizes add up to {send_sizes.sum()} but the buffer has {send.size} bytes")
-    if round_bytes < world_size:
-        raise ValueError(f"round_bytes must be at least the world size ({world_size}), got {round_bytes}")
     if world_size == 1:
         return send, send_sizes
     device = collective_device()
-    sizes = _all_gather_sizes(send_sizes, world_size, device)  # sizes[src, dst]
+    sizes = _all_gather_sizes(send_sizes, round_bytes, world_size, device)  # sizes[src, dst]
+    if round_bytes < world_size:  # checked after the gather, so every rank raises it
+        raise ValueError(f"round_bytes must be at least the world size ({world_size}), got {round_bytes}")
     recv_sizes = sizes[:, rank]
     received = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
     per_pair = round_bytes // world_size
@@ -113,8 +114,20 @@ def _as_bytes(payload: Buffer) -> np.ndarray:
     return np.frombuffer(payload, dtype=np.uint8)
 
 
-def _all_gather_sizes(sizes: np.ndarray, world_size: int, device: torch.device) -> np.ndarray:
-    mine = torch.from_numpy(sizes).to(device)
+def _all_gather_sizes(
+    sizes: np.ndarray, round_bytes: int, world_size: int, device: torch.device
+) -> np.ndarray:
+    """Every rank's send sizes (``[src, dst]``), checking on the way that all use one ``round_bytes``.
+
+    Ranks with different ``round_bytes`` would run different numbers of rounds, and one would wait
+    for a round no other rank starts: the value rides along with the sizes, at no extra cost.
+    """
+    mine = torch.from_numpy(np.append(sizes, round_bytes)).to(device)
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
     torch_dist.all_gather(gathered, mine)
-    return torch.stack(gathered).cpu().numpy()
+    table = torch.stack(gathered).cpu().numpy()
+    differ = disagreements([{"round_bytes": int(value)} for value in table[:, -1]])
+    if differ:
+        raise InconsistentRanksError("the exchange needs the same round_bytes on every rank: "
+                                     + "; ".join(differ))
+    return table[:, :-1]

@@ -148,12 +148,15 @@ def load_graph(
     >>> load_graph(path, "fset", ids="str").num_edges
     3
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown graph kind {kind!r}: choose one of {', '.join(KINDS)}")
-    fmt = Format(pattern, delimiter, ids, parser, on_error)
-    if fmt.pattern == "fvec":
-        raise ValueError("pattern 'fvec' holds vectors, not edges: use load_vectors()")
-    records, stats = load_records(paths, fmt, mirror=kind == "undirected", **pipeline)
+
+    def edge_format() -> Format:  # checked inside the load: a bad argument fails every rank
+        if kind not in KINDS:
+            raise ValueError(f"unknown graph kind {kind!r}: choose one of {', '.join(KINDS)}")
+        if pattern == "fvec":
+            raise ValueError("pattern 'fvec' holds vectors, not edges: use load_vectors()")
+        return Format(pattern, delimiter, ids, parser, on_error)
+
+    records, stats = load_records(paths, edge_format, mirror=kind == "undirected", **pipeline)
     started = time.perf_counter()
     graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind)
     seconds = {**stats.seconds, "build": time.perf_counter() - started}

@@ -1,4 +1,11 @@
-"""The loading pipeline every builder shares: plan, read, parse, then route records to owners."""
+"""The loading pipeline every builder shares: plan, read, parse, then route records to owners.
+
+A load is collective, and ranks fail together: the ranks agree on the plan and settings before
+reading (``agreement.plan_together``), and on the outcome of reading and parsing before the
+exchange (``together``), so an error on one rank (a missing file, a malformed line, a bad
+argument) is raised on every rank, naming it, instead of leaving the others waiting in the
+exchange.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +13,27 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
+from shardwise.checks import require_int
+from shardwise.distributed.consistency import together
 from shardwise.distributed.exchange import DEFAULT_ROUND_BYTES
-from shardwise.distributed.world import gather_objects, group_world, resolve_world
+from shardwise.distributed.world import group_world, resolve_world
+from shardwise.files.agreement import plan_together
 from shardwise.files.owners import owners
-from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, RecordBuilder, parse_chunk
+from shardwise.files.patterns import (
+    MAX_EXAMPLES,
+    BadLine,
+    Format,
+    RecordBuilder,
+    first_line_features,
+    parse_chunk,
+)
 from shardwise.files.plan import Plan, plan
-from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks
-from shardwise.files.records import edges, join, vector_dtype
+from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
+from shardwise.files.records import edges, join
 from shardwise.files.route import route
 from shardwise.files.sources import Paths
 
@@ -54,12 +72,15 @@ def read_records(
 
     With ``on_error="skip"`` malformed lines are counted in the stats (and a warning names the
     first few); with ``"raise"`` the first one raises ``ParseError`` naming its file and line.
+    No communication: it reads the share of ``rank`` of the plan it makes (or is given).
     """
     world_size, rank = resolve_world(world_size, rank)
     started = time.perf_counter()
     the_plan = plan(paths, world_size)
+    if fmt.pattern == "fvec" and fmt.features is None:  # the same on every rank
+        fmt = replace(fmt, features=first_line_features(leading_lines(the_plan), fmt))
     planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
-    builder = RecordBuilder(fmt.pattern, f"the files of rank {rank}")
+    builder = RecordBuilder(fmt.record_dtype())
     bytes_read, lines, skipped, examples = 0, 0, 0, []
     for chunk in iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes):
         parsed = parse_chunk(chunk, fmt)
@@ -84,7 +105,7 @@ def read_records(
 
 def load_records(
     paths: Paths | Plan,
-    fmt: Format,
+    fmt: Format | Callable[[], Format],
     *,
     mirror: bool = False,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
@@ -93,36 +114,49 @@ def load_records(
 ) -> tuple[np.ndarray, LoadStats]:
     """Read, parse and route: the records this rank owns, over the current process group.
 
-    ``mirror`` adds the reverse of every edge (self-loops once) before routing, for undirected
-    graphs: each direction then lives with the owner of its own key.
+    Every rank must call it together. ``mirror`` adds the reverse of every edge (self-loops once)
+    before routing, for undirected graphs: each direction then lives with the owner of its own
+    key. ``fmt`` may be a function that builds the ``Format``: it is then called inside the load,
+    so a bad argument on one rank raises on every rank. Raises on every rank, naming the rank,
+    when any rank fails; ``InconsistentRanksError`` when the ranks planned different files or
+    passed different settings.
     """
+    started = time.perf_counter()
     world_size, rank = resolve_world()
     if group_world()[0] != world_size:
         raise RuntimeError(
             f"WORLD_SIZE is {world_size} but no process group of that size is initialised: call "
             "torch.distributed.init_process_group() first (torchrun sets the environment for it)"
         )
-    records, stats = read_records(paths, fmt, rank, world_size, block_bytes=block_bytes,
-                                  progress=progress)
-    started = time.perf_counter()
-    if mirror:
-        kept = records[records["src"] != records["dst"]]
-        records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])
-    if fmt.pattern == "fvec":
-        records = _agree_on_features(records)
+
+    def prepare(world: int) -> tuple[Plan, Format, dict[str, Any]]:
+        """Check the arguments and plan, before any rank reads."""
+        the_format = fmt() if callable(fmt) else fmt
+        require_int("round_bytes", round_bytes, minimum=world)
+        require_int("block_bytes", block_bytes, minimum=1)
+        settings = {**the_format.settings(), "mirror": mirror, "round_bytes": round_bytes}
+        return plan(paths, world), the_format, settings
+
+    the_plan, the_format = plan_together(prepare, caller="loading files")
+    planned = time.perf_counter()
+    records, stats = together(
+        lambda: _read(the_plan, the_format, rank, mirror, block_bytes, progress))
     owned = records
     if world_size > 1:  # one rank owns everything: no owners to compute
-        owned = route(records, owners(records, fmt.pattern, world_size), world_size,
+        owned = route(records, owners(records, the_format.pattern, world_size), world_size,
                       round_bytes=round_bytes)
-    seconds = {**stats.seconds, "exchange": time.perf_counter() - started}
+    # Planning counts as reading; the exchange starts after this rank's last parsed line, so
+    # waiting for the other ranks to finish theirs is part of it.
+    read = planned - started + stats.seconds["read+parse"]
+    seconds = {"read+parse": read, "exchange": time.perf_counter() - started - read}
     return owned, replace(stats, records_owned=len(owned), seconds=seconds)
 
 
-def _agree_on_features(records: np.ndarray) -> np.ndarray:
-    """Every rank's vectors must have the same length, or the bytes cannot be read back."""
-    mine = records.dtype["values"].shape[0] if len(records) else None
-    lengths = {k for k in gather_objects(mine) if k is not None}
-    if len(lengths) > 1:
-        raise ValueError(f"fvec lines have different numbers of features on different ranks: "
-                         f"{sorted(lengths)}; every line needs the same number")
-    return records if len(records) or not lengths else np.empty(0, vector_dtype(lengths.pop()))
+def _read(the_plan: Plan, fmt: Format, rank: int, mirror: bool, block_bytes: int,
+          progress: Progress | None) -> tuple[np.ndarray, LoadStats]:
+    records, stats = read_records(the_plan, fmt, rank, the_plan.world_size,
+                                  block_bytes=block_bytes, progress=progress)
+    if mirror:
+        kept = records[records["src"] != records["dst"]]
+        records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])
+    return records, stats

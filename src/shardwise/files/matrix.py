@@ -56,7 +56,13 @@ def load_matrix(
     ``r % npy`` of the ``grid(world_size)``; ``fmap`` / ``smap`` give whole rows / columns.
     ``pipeline`` takes ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
     """
-    records, stats = load_records(paths, Format(pattern, delimiter, ids, parser, on_error), **pipeline)
+
+    def entry_format() -> Format:  # checked inside the load: a bad argument fails every rank
+        if pattern == "fvec":
+            raise ValueError("pattern 'fvec' holds vectors, not matrix entries: use load_vectors()")
+        return Format(pattern, delimiter, ids, parser, on_error)
+
+    records, stats = load_records(paths, entry_format, **pipeline)
     started = time.perf_counter()
     block = MatrixBlock.from_records(records["src"], records["dst"], records["weight"])
     seconds = {**stats.seconds, "build": time.perf_counter() - started}

@@ -11,24 +11,27 @@ fvec       ``id,f1,...,fk``                            one vector of ``k`` float
 =========  ==========================================  ==================================
 
 The fast path hands the chunk's bytes to ``pyarrow.csv`` (or to pyarrow string kernels for
-``fset``). When that fails, the chunk is halved until the pieces are small, and only the small
-pieces holding bad lines go through the per-line Python path, which names each bad line's file
-and line number. A ``parser`` hook (one line in, its fields out) always takes the per-line path.
+``fset`` and for ``fvec`` lines too wide for one CSV column per feature). When that fails, the
+chunk is halved until the pieces are small, and only the small pieces holding bad lines go through
+the per-line Python path, which names each bad line's file and line number (a line that is not
+valid UTF-8 is such a bad line). A ``parser`` hook (one line in, its fields out) always takes the
+per-line path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from shardwise.checks import require_int
 from shardwise.files.ids import check_distinct, hash_binary, string_ids
-from shardwise.files.read import Chunk, chunk_lines
+from shardwise.files.read import Chunk, split_lines
 from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
 
 PATTERNS = ("fmap", "smap", "fsmap", "fset", "fvec")
@@ -40,6 +43,9 @@ MAX_EXAMPLES = 10  # bad lines kept (with their location) for the report; all ar
 _SLOW_PATH_BYTES = 64 * 2**10  # below this, a failing chunk is parsed line by line
 # One pyarrow block per default chunk (read.py): each column comes back as one array, no concatenation.
 _CSV_BLOCK_BYTES = 32 * 2**20
+# pyarrow.csv costs several KiB per column whatever the rows (1.2 GB for a 1 MB line of 100,000
+# fields); wider fvec lines go through string kernels, whose memory follows the bytes instead.
+_CSV_MAX_FIELDS = 1024
 _INT64_RANGE = range(-(2**63), 2**63)
 
 
@@ -50,6 +56,8 @@ class Format:
     ``ids="int"`` parses ids as ``int64`` (any value up to 2**63 - 1); ``ids="str"`` maps each id
     string to a stable 63-bit integer (see ``string_ids``). ``parser`` turns one line (without its
     terminator) into fields, for formats a single-character delimiter cannot describe.
+    ``features`` is how many values every ``fvec`` line holds; ``None`` takes the number on the
+    input's first line that has an id and a value.
 
     >>> Format("fset", delimiter="\\t").pattern
     'fset'
@@ -60,6 +68,7 @@ class Format:
     ids: Literal["int", "str"] = "int"
     parser: LineParser | None = field(default=None, compare=False)
     on_error: Literal["raise", "skip"] = "raise"
+    features: int | None = None
 
     def __post_init__(self) -> None:
         if self.pattern == "linesplit":
@@ -77,6 +86,26 @@ class Format:
             raise ValueError(f"ids must be 'int' or 'str', got {self.ids!r}")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.features is not None:
+            if self.pattern != "fvec":
+                raise ValueError(f"features= is for pattern 'fvec' only, not {self.pattern!r}")
+            require_int("features", self.features, minimum=1)
+
+    def settings(self) -> dict[str, Any]:
+        """The options as plain values that ranks can compare (the parser by its name).
+
+        >>> Format("fvec", delimiter=" ").settings()["delimiter"]
+        ' '
+        """
+        parser = None if self.parser is None else (
+            f"{getattr(self.parser, '__module__', '?')}."
+            f"{getattr(self.parser, '__qualname__', type(self.parser).__qualname__)}")
+        return {"pattern": self.pattern, "delimiter": self.delimiter, "ids": self.ids,
+                "on_error": self.on_error, "features": self.features, "parser": parser}
+
+    def record_dtype(self) -> np.dtype:
+        """The records this format gives: ``EDGE``, or ``vector_dtype(features)`` for fvec."""
+        return vector_dtype(self.features or 0) if self.pattern == "fvec" else EDGE
 
 
 @dataclass(frozen=True)
@@ -93,11 +122,24 @@ class BadLine:
 
 
 class ParseError(ValueError):
-    """A malformed line, with ``on_error="raise"``; ``.bad`` says which line and why."""
+    """A malformed line, with ``on_error="raise"``; ``.bad`` says which line and why.
 
-    def __init__(self, bad: BadLine) -> None:
-        super().__init__(f"{bad} (fix the line, or pass on_error='skip' to count and skip such lines)")
+    ``message`` defaults to the line, the reason and the fix. It pickles whole (``.bad`` and the
+    message), so the error another rank raised arrives as itself.
+
+    >>> import pickle
+    >>> error = pickle.loads(pickle.dumps(ParseError(BadLine("a.txt", 3, "1,x", "bad id"))))
+    >>> error.bad.line, str(error).split(" (")[0]
+    (3, "a.txt:3: bad id: '1,x'")
+    """
+
+    def __init__(self, bad: BadLine, message: str | None = None) -> None:
+        super().__init__(message or f"{bad} (fix the line, or pass on_error='skip' to count and "
+                                    "skip such lines)")
         self.bad = bad
+
+    def __reduce__(self) -> tuple[type[ParseError], tuple[BadLine, str]]:
+        return type(self), (self.bad, str(self))
 
 
 @dataclass(frozen=True)
@@ -111,13 +153,40 @@ class Parsed:
 
 
 def parse_chunk(chunk: Chunk, fmt: Format) -> Parsed:
-    """Parse one chunk of whole lines into columns (pyarrow's own buffers on the fast path)."""
+    """Parse one chunk of whole lines into columns (pyarrow's own buffers on the fast path).
+
+    For ``fvec``, ``fmt.features`` must be set (``read_records`` sets it from the first line).
+    """
     columns, bad = _parse(chunk, fmt)
     return Parsed(columns, chunk.line_count(), len(bad), tuple(bad[:MAX_EXAMPLES]))
 
 
+def first_line_features(lines: Iterable[bytes], fmt: Format) -> int | None:
+    """The number of values on the first line with an id and a value (None: there is none).
+
+    Every ``fvec`` line must have as many, so every rank takes the same number from the start of
+    the input. Lines that are not valid UTF-8 are passed over.
+
+    >>> first_line_features([b"", b"7", b"1,0.5,0.25", b"2,0.5"], Format("fvec"))
+    2
+    """
+    for line in lines:
+        if not line:
+            continue
+        if fmt.parser is None:  # counting never splits a wide line into a list of strings
+            fields = line.count(fmt.delimiter.encode()) + 1
+        else:
+            try:
+                fields = len(fmt.parser(line.decode("utf-8")))
+            except (ValueError, TypeError, IndexError):  # UnicodeDecodeError is a ValueError
+                continue
+        if fields >= 2:
+            return fields - 1
+    return None
+
+
 class RecordBuilder:
-    """One record array (``EDGE`` or ``vector_dtype(k)``) filled from column parts as they come.
+    """One record array of ``dtype`` (``EDGE`` or ``vector_dtype(k)``) filled from column parts.
 
     The array grows in place with ``ndarray.resize`` (``realloc``: a large buffer is remapped, not
     copied), so every record is written once into memory touched once. The grown tail is
@@ -125,23 +194,19 @@ class RecordBuilder:
     expected final count.
     """
 
-    def __init__(self, pattern: str, where: str) -> None:
-        self.pattern, self.where = pattern, where
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
         self.count = 0
         self._records: np.ndarray | None = None
 
     def append(self, columns: Columns, done: float = 1.0) -> None:
-        """Copy a part's columns in after the records so far; vectors must agree on their length."""
+        """Copy a part's columns in after the records so far."""
         size = len(columns[0])
         if size == 0:
             return
-        dtype = _record_dtype(self.pattern, len(columns))
         expect = max(self.count + size, int((self.count + size) / max(done, 1e-9) * 1.02))
         if self._records is None:
-            self._records = np.empty(expect, dtype)
-        elif dtype != self._records.dtype:
-            counts = sorted(d["values"].shape[0] for d in {dtype, self._records.dtype})
-            raise ValueError(f"fvec lines in {self.where} have different numbers of features: {counts}")
+            self._records = np.empty(expect, self.dtype)
         elif self.count + size > len(self._records):
             self._records.resize(expect, refcheck=False)  # nothing else refers to it
         for target, column in zip(record_columns(self._records[self.count : self.count + size]), columns):
@@ -152,7 +217,7 @@ class RecordBuilder:
         """The records (once: the builder hands its array over)."""
         records, self._records = self._records, None
         if records is None:
-            return _empty(self.pattern)
+            return np.empty(0, self.dtype)
         records.resize(self.count, refcheck=False)
         return records
 
@@ -166,7 +231,7 @@ def _parse(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
         halves = _halves(chunk)
         if halves:
             (left, left_bad), (right, right_bad) = (_parse(half, fmt) for half in halves)
-            joined = RecordBuilder(fmt.pattern, chunk.source.name)
+            joined = RecordBuilder(fmt.record_dtype())
             joined.append(left)
             joined.append(right)
             return record_columns(joined.finish()), left_bad + right_bad
@@ -192,7 +257,7 @@ def _halves(chunk: Chunk) -> tuple[Chunk, Chunk] | None:
 def _fast_pairs(data: bytes, fmt: Format) -> Columns:
     columns = _field_count(data, fmt)
     if columns == 0:
-        return record_columns(_empty(fmt.pattern))
+        return record_columns(np.empty(0, EDGE))
     if columns not in (2, 3):
         raise _NeedsSlowPath
     table = _read_csv(data, fmt, [_id_type(fmt)] * 2 + [pa.float64()] * (columns - 2))
@@ -204,16 +269,49 @@ def _fast_pairs(data: bytes, fmt: Format) -> Columns:
 def _fast_vectors(data: bytes, fmt: Format) -> Columns:
     columns = _field_count(data, fmt)
     if columns == 0:
-        return record_columns(_empty(fmt.pattern))
-    if columns < 2:
-        raise _NeedsSlowPath
-    table = _read_csv(data, fmt, [_id_type(fmt)] + [pa.float64()] * (columns - 1))
-    return (*_ids([table.column(0)], fmt), *(table.column(i).to_numpy() for i in range(1, columns)))
+        return record_columns(np.empty(0, fmt.record_dtype()))
+    if fmt.features is None or columns != fmt.features + 1:
+        raise _NeedsSlowPath  # the per-line path names the line with the wrong number of values
+    if columns > _CSV_MAX_FIELDS:
+        return _wide_vectors(data, fmt)
+    table = _read_csv(data, fmt, [_id_type(fmt)] + [pa.float64()] * fmt.features)
+    values = np.empty((table.num_rows, fmt.features))
+    for feature in range(fmt.features):
+        values[:, feature] = table.column(feature + 1).to_numpy()
+    return (*_ids([table.column(0)], fmt), values)
+
+
+def _wide_vectors(data: bytes, fmt: Format) -> Columns:
+    """Long fvec lines, one at a time: each is split in place by string kernels and its values
+    cast straight into one row, so memory stays a few times the longest line."""
+    buffer, spans = pa.py_buffer(data), list(_line_spans(data))
+    ids: list[bytes] = []
+    values = np.empty((len(spans), fmt.features))
+    for row, (start, end) in enumerate(spans):
+        line = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(
+            np.array([0, end - start], dtype=np.int32)), buffer.slice(start, end - start)])
+        fields = pc.list_flatten(pc.split_pattern(line, fmt.delimiter))
+        if len(fields) != fmt.features + 1:
+            raise _NeedsSlowPath
+        ids.append(fields[0].as_py())
+        values[row] = pc.cast(fields.slice(1), pa.float64()).to_numpy()
+    return (*_ids([pa.array(ids, type=pa.binary())], fmt), values)
+
+
+def _line_spans(data: bytes) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each non-blank line of ``data``, terminators excluded, as found."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        stop = end - 1 if end > start and data[end - 1] == 13 else end  # drop a \r
+        if stop > start:
+            yield start, stop
+        start = end + 1
 
 
 def _fast_sets(data: bytes, fmt: Format) -> Columns:
-    lines = _line_array(data)
-    fields = pc.split_pattern(lines, fmt.delimiter)
+    fields = pc.split_pattern(_line_array(data), fmt.delimiter)
     counts = pc.list_value_length(fields).to_numpy()
     if counts.size and counts.min() < 2:
         raise _NeedsSlowPath
@@ -240,14 +338,8 @@ _FAST: dict[str, Callable[[bytes, Format], Columns]] = {
 
 def _field_count(data: bytes, fmt: Format) -> int:
     """Fields on the first non-blank line; 0 when the chunk is all blank lines."""
-    start = 0
-    while start < len(data):
-        end = data.find(b"\n", start)
-        end = len(data) if end < 0 else end
-        line = data[start:end].rstrip(b"\r")
-        if line:
-            return line.count(fmt.delimiter.encode()) + 1
-        start = end + 1
+    for start, end in _line_spans(data):
+        return data.count(fmt.delimiter.encode(), start, end) + 1  # counted in place: no copy
     return 0
 
 
@@ -276,6 +368,8 @@ def _ids(columns: list[pa.Array | pa.ChunkedArray], fmt: Format) -> list[np.ndar
                .cast(pa.binary()) for column in columns]
     if any(len(s) and pc.min(pc.binary_length(s)).as_py() == 0 for s in strings):
         raise _NeedsSlowPath  # an empty id: let the per-line path name the line
+    for s in strings:
+        s.cast(pa.string())  # checks they are UTF-8 (else ArrowInvalid: the per-line path names it)
     ids = [hash_binary(s) for s in strings]
     everything = pa.chunked_array([c for s in strings for c in s.chunks], type=pa.binary())
     check_distinct(everything, np.concatenate(ids))
@@ -296,15 +390,6 @@ def _line_array(data: bytes) -> pa.Array:
     return pa.StringArray.from_buffers(lengths.size, pa.py_buffer(offsets), pa.py_buffer(raw[keep]))
 
 
-def _record_dtype(pattern: str, width: int) -> np.dtype:
-    """The record layout for ``width`` columns."""
-    return vector_dtype(width - 1) if pattern == "fvec" else EDGE
-
-
-def _empty(pattern: str) -> np.ndarray:
-    return np.empty(0, dtype=_record_dtype(pattern, 1))
-
-
 # ---- the per-line path ---------------------------------------------------------------------
 
 def _slow(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
@@ -313,38 +398,76 @@ def _slow(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
     rows: list[tuple] = []
     bad: list[BadLine] = []
     first_line_number: int | None = None
-    features: int | None = None
-    for index, line in enumerate(chunk_lines(chunk)):
+    for index, line in enumerate(_decoded_lines(chunk.data)):
         if not line:
             continue
         try:
-            parsed = _INTERPRET[fmt.pattern](list(split(line)), convert_id)
+            if isinstance(line, bytes):
+                line.decode("utf-8")  # raises, saying where and why
+            if fmt.pattern == "fvec" and fmt.parser is None:
+                _check_features(line.count(fmt.delimiter), fmt)  # before splitting a wide line
+            fields = list(split(line))
             if fmt.pattern == "fvec":
-                features = len(parsed[0][1]) if features is None else features
-                if len(parsed[0][1]) != features:
-                    raise ValueError(f"expected {features} features as on earlier lines, got {len(parsed[0][1])}")
-        except (ValueError, TypeError, IndexError, OverflowError) as error:
+                _check_features(len(fields) - 1, fmt)
+            parsed = _INTERPRET[fmt.pattern](fields, convert_id)
+        except Exception as error:  # noqa: BLE001 - all a parser hook raises is about the line
             if first_line_number is None:
                 first_line_number = chunk.line_number()
-            problem = BadLine(chunk.source.name, first_line_number + index, line, str(error))
+            problem = BadLine(chunk.source.name, first_line_number + index, _shown(line),
+                              _reason(error))
             if fmt.on_error == "raise":
                 raise ParseError(problem) from None
             bad.append(problem)
             continue
         rows.extend(parsed)
-    return record_columns(_rows_to_records(rows, fmt, features)), bad
+    return record_columns(_rows_to_records(rows, fmt)), bad
 
 
-def _rows_to_records(rows: list[tuple], fmt: Format, features: int | None) -> np.ndarray:
-    if fmt.pattern == "fvec":
-        records = np.empty(len(rows), dtype=vector_dtype(features or 0))
-        if rows:
-            ids, values = zip(*rows)
-            records["id"] = _finish_ids(list(ids), fmt)
-            records["values"] = values
-        return records
+def _decoded_lines(data: bytes) -> list[str | bytes]:
+    """The lines of ``data``, decoded; a line that is not valid UTF-8 stays ``bytes``."""
+    try:
+        return split_lines(data.decode("utf-8"))  # one decode, when the whole chunk is valid
+    except UnicodeDecodeError:
+        pass
+    lines: list[str | bytes] = []
+    for raw in split_lines(data):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(raw)
+    return lines
+
+
+def _shown(line: str | bytes) -> str:
+    return line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, UnicodeDecodeError):
+        return (f"not valid UTF-8 ({error.reason} at byte {error.start}; re-encode the file as "
+                "UTF-8)")
+    if isinstance(error, (ValueError, TypeError)):  # the loader's own: their text says it all
+        return str(error)
+    return f"{type(error).__name__}: {error}"  # e.g. from a parser hook
+
+
+def _check_features(count: int, fmt: Format) -> None:
+    if fmt.features is None:  # the input has no line with an id and a value
+        raise ValueError("expected an id and at least one feature")
+    if count != fmt.features:
+        raise ValueError(f"expected {fmt.features} features, got {count} (every fvec line needs "
+                         "as many as the input's first line, or features=)")
+
+
+def _rows_to_records(rows: list[tuple], fmt: Format) -> np.ndarray:
+    records = np.empty(len(rows), dtype=fmt.record_dtype())
     if not rows:
-        return _empty(fmt.pattern)
+        return records
+    if fmt.pattern == "fvec":
+        ids, values = zip(*rows)
+        records["id"] = _finish_ids(list(ids), fmt)
+        records["values"] = values
+        return records
     src, dst, weight = zip(*rows)
     src_ids, dst_ids = np.split(_finish_ids(list(src) + list(dst), fmt), 2)
     return edges(src_ids, dst_ids, np.array(weight, dtype=np.float64))
@@ -396,8 +519,6 @@ def _set(fields: list, convert_id: Callable) -> list[tuple]:
 
 
 def _vector(fields: list, convert_id: Callable) -> list[tuple]:
-    if len(fields) < 2:
-        raise ValueError("expected an id and at least one feature")
     return [(convert_id(fields[0]), [float(value) for value in fields[1:]])]
 
 

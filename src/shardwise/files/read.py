@@ -4,12 +4,17 @@ Each cut point ``c`` inside a file moves forward to the next line start (the byt
 ``\\n`` at or after ``c - 1``). Neighbouring ranks move their shared cut point the same way, so the
 line-aligned ranges tile every file: each line is read once, by one rank, and no file is cut
 short by a blank line. A file without a final newline simply ends its last line at end of file.
+
+Reading never talks to other ranks: each rank reads its share of the plan it is given. Bytes
+appended to a file after it was planned are not read (the plan fixed its size); a file that has
+shrunk since is an error naming it. ``agreed_plan`` checks that every rank planned the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import AnyStr
 
 import numpy as np
 
@@ -40,7 +45,7 @@ class Chunk:
         newlines = 0
         for lo in range(0, raw.size, scratch.size):
             part = raw[lo : lo + scratch.size]
-            newlines += np.count_nonzero(np.equal(part, 10, out=scratch[: part.size]))
+            newlines += int(np.count_nonzero(np.equal(part, 10, out=scratch[: part.size])))
         return newlines + (not self.data.endswith(b"\n"))
 
     def line_number(self, offset: int = 0) -> int:
@@ -70,7 +75,10 @@ def iter_chunks(
 ) -> Iterator[Chunk]:
     """This rank's bytes as line-aligned chunks of about ``block_bytes``: the fast path for parsers.
 
-    ``rank`` / ``world_size`` default to the process group (or ``RANK`` / ``WORLD_SIZE``).
+    ``rank`` / ``world_size`` default to the process group (or ``RANK`` / ``WORLD_SIZE``). No
+    communication: under a process group, pass ``agreed_plan(paths)`` to have the ranks check
+    first that they all planned the same files (else ranks that list the files differently
+    would silently read overlapping shares).
     """
     world_size, rank = resolve_world(world_size, rank)
     if block_bytes < 1:
@@ -79,6 +87,7 @@ def iter_chunks(
         paths = plan(paths, world_size)
     for piece in paths.pieces(rank):
         size = piece.source.size
+        _check_not_shrunk(piece.source)
         with piece.source.open() as f:
             cuts = [*range(piece.start, piece.stop, block_bytes), piece.stop]
             starts = [_line_start(f, cut, size) for cut in cuts]
@@ -130,6 +139,24 @@ def read_lines(
     return [line for line in lines if line] if skip_blank else lines
 
 
+def leading_lines(paths: Paths | Plan) -> Iterator[bytes]:
+    """The input's lines from its very start, as bytes without terminators, read as asked for.
+
+    For looking at the first lines (every rank sees the same ones), not for reading a share.
+
+    >>> import tempfile, pathlib
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "a"
+    >>> _ = path.write_bytes(b"one\\r\\ntwo\\n")
+    >>> next(leading_lines(path))
+    b'one'
+    """
+    for source in (paths if isinstance(paths, Plan) else plan(paths, 1)).sources:
+        if source.size:
+            with source.open() as f:
+                for line in f:
+                    yield split_lines(line)[0]
+
+
 def chunk_lines(chunk: Chunk) -> list[str]:
     """The lines of one chunk, decoded, terminators removed (blank lines kept)."""
     try:
@@ -139,11 +166,21 @@ def chunk_lines(chunk: Chunk) -> list[str]:
             f"{chunk.source.name}:{chunk.line_number(error.start)}: not valid UTF-8 "
             f"({error.reason}); re-encode the file as UTF-8"
         ) from None
-    lines = text.split("\n")
-    if text.endswith("\n"):
+    return split_lines(text)
+
+
+def split_lines(text: AnyStr) -> list[AnyStr]:
+    """``text`` (``str`` or ``bytes``) split into lines without their ``\\n`` or ``\\r\\n``.
+
+    >>> split_lines(b"a\\r\\n\\nb")
+    [b'a', b'', b'b']
+    """
+    newline, carriage = ("\n", "\r") if isinstance(text, str) else (b"\n", b"\r")
+    lines = text.split(newline)
+    if text.endswith(newline):
         lines.pop()
-    if "\r" in text:
-        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    if carriage in text:
+        lines = [line[:-1] if line.endswith(carriage) else line for line in lines]
     return lines
 
 
@@ -162,6 +199,16 @@ def _line_start(f, cut: int, size: int) -> int:
             return min(position + newline + 1, size)
         position += len(block)
     return size
+
+
+def _check_not_shrunk(source: Source) -> None:
+    """A file must still hold the bytes planned for it, or the ranks' shares no longer tile it."""
+    now = source.fs.size(source.path)
+    if now < source.size:
+        raise OSError(
+            f"{source.name} has {now:,} bytes but had {source.size:,} when the load was planned: it "
+            "shrank (was it rewritten during the load?); load it again once it is complete"
+        )
 
 
 def _read_exactly(f, count: int, source: Source) -> bytes:

@@ -34,13 +34,11 @@ def edges(src: np.ndarray, dst: np.ndarray, weight: np.ndarray | float = 1.0) ->
 
 
 def record_columns(records: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The fields of records as 1-D columns (views): src, dst, weight, or id, f1, ..., fk.
+    """The fields of records as columns (views): src, dst, weight, or id and a 2-D ``values``.
 
     >>> [c.tolist() for c in record_columns(vectors(np.array([7]), np.array([[0.5, 2.0]])))]
-    [[7], [0.5], [2.0]]
+    [[7], [[0.5, 2.0]]]
     """
-    if records.dtype.names == ("id", "values"):
-        return (records["id"], *records["values"].T)
     return tuple(records[name] for name in records.dtype.names)
 
 

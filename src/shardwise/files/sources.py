@@ -1,17 +1,23 @@
 """Turn what the user passed (files, directories, globs, fsspec URLs) into an ordered list of files.
 
-Every rank expands the same arguments to the same list, in the same order, so every rank computes
-the same plan without talking to the others.
+The order is the one given, with directories and globs expanded sorted and unordered collections
+(a ``set`` of paths) sorted, so ranks given the same arguments list the same files in the same
+order. Whether they really do (another machine may see another directory) is checked by
+``agreed_plan`` before a load reads anything.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import posixpath
+import stat
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
 PathLike = str | os.PathLike[str]
@@ -33,63 +39,149 @@ class Source:
 
 
 def expand(paths: Paths) -> list[Source]:
-    """The files named by ``paths``, in the order given; directories and globs expand sorted.
+    """The files named by ``paths``, in the order given; directories, globs and sets expand sorted.
 
-    Directories are walked recursively, skipping names that start with ``.`` or ``_`` (such as
-    ``_SUCCESS`` markers and ``.crc`` files). A file named twice is an error, as it would be read twice.
+    Directories are walked recursively, following symlinked directories but walking each real
+    directory once (so a symlink loop ends), and skipping names that start with ``.`` or ``_``
+    (such as ``_SUCCESS`` markers and ``.crc`` files). A file named twice (directly, by a directory
+    or glob, or through a symlink) is an error, as its lines would be read twice.
 
     >>> expand([])
     Traceback (most recent call last):
     ...
     ValueError: no input paths given: pass at least one file, directory or glob
     """
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if isinstance(paths, (str, os.PathLike)):
+        items = [paths]
+    elif isinstance(paths, AbstractSet):  # iteration order may differ between processes
+        items = sorted(paths, key=os.fspath)
+    else:
+        items = list(paths)
     if not items:
         raise ValueError("no input paths given: pass at least one file, directory or glob")
     sources: list[Source] = []
     for item in items:
         sources.extend(_expand_one(os.fspath(item)))
-    seen: set[str] = set()
+    seen: dict[str, Source] = {}
     for source in sources:
-        key = source.fs.unstrip_protocol(source.path)
-        if key in seen:
+        first = seen.setdefault(_identity(source), source)
+        if first is not source:
+            same = "" if first.name == source.name else f" (the same file as {first.name})"
             raise ValueError(
-                f"{source.name} is named twice in the inputs (directly, or by a directory or glob); "
-                "each file may be given once, or its lines would be read twice"
+                f"{source.name}{same} is named twice in the inputs (directly, by a directory or "
+                "glob, or through a symlink); each file may be given once, or its lines would be "
+                "read twice"
             )
-        seen.add(key)
     return sources
 
 
 def _expand_one(url: str) -> list[Source]:
     fs, path = fsspec.core.url_to_fs(url)
-    if any(char in path for char in "*?["):
-        found = {p: info for p, info in fs.glob(path, detail=True).items() if info["type"] == "file"}
+    local = isinstance(fs, LocalFileSystem)
+    root = path
+    if _is_glob(path):
+        root = fs._strip_protocol(_glob_prefix(url))
+        if local:  # fsspec's glob neither follows nor types symlinks: Python's glob does
+            found = {p: size for p in glob.glob(path, recursive=True)
+                     if (size := _local_size(p)) is not None}
+        else:
+            found = {p: info["size"] for p, info in fs.glob(path, detail=True).items()
+                     if info["type"] == "file"}
         if not found:
             raise FileNotFoundError(f"no input file matches the glob {url!r}")
     elif fs.isdir(path):
-        found = {
-            p: info for p, info in fs.find(path, detail=True).items()
+        found = _walk_local(path) if local else {
+            p: info["size"] for p, info in fs.find(path, detail=True).items()
             if not _hidden(posixpath.relpath(p, path))
         }
         if not found:
             raise FileNotFoundError(f"input directory {url!r} holds no files")
     elif fs.isfile(path):
-        found = {path: fs.info(path)}
+        found = {path: fs.info(path)["size"]}
     else:
         raise FileNotFoundError(f"input file not found: {url!r} (check the path or URL)")
     return [
-        Source(name=_display_name(url, fs, p), size=int(found[p]["size"]), path=p, fs=fs)
+        Source(name=_display_name(url, fs, root, p), size=int(found[p]), path=p, fs=fs)
         for p in sorted(found)
     ]
+
+
+def _walk_local(root: str) -> dict[str, int]:
+    """The visible files under ``root`` and their sizes, through symlinked directories too.
+
+    Each real directory (device and inode) is walked once, so a link back to an ancestor (a loop)
+    or a second link to a walked directory adds nothing and cannot recurse forever.
+    """
+    found: dict[str, int] = {}
+    walked = {_inode(root)}
+    for folder, folders, files in os.walk(root, followlinks=True, onerror=_raise):
+        kept = []
+        for name in sorted(folders):
+            inode = _inode(os.path.join(folder, name))
+            if not _hidden(name) and inode not in walked:
+                walked.add(inode)
+                kept.append(name)
+        folders[:] = kept
+        for name in files:
+            if not _hidden(name):
+                path = os.path.join(folder, name)
+                if (size := _local_size(path)) is not None:
+                    found[path] = size
+    return found
+
+
+def _local_size(path: str) -> int | None:
+    """The size of the regular file at ``path`` (through symlinks); None for a directory."""
+    try:
+        info = os.stat(path)
+    except OSError as error:  # a dangling symlink, or a loop of symlinks
+        raise FileNotFoundError(f"input {path!r} cannot be opened ({error.strerror}): is it a "
+                                "broken symlink? Fix or remove it") from None
+    if stat.S_ISDIR(info.st_mode):
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"input {path!r} is neither a file nor a directory (a socket, FIFO or "
+                         "device): move it out of the input")
+    return info.st_size
+
+
+def _inode(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _identity(source: Source) -> str:
+    """What makes two sources the same file: its real path locally (symlinks resolved)."""
+    if isinstance(source.fs, LocalFileSystem):
+        return os.path.realpath(source.path)
+    return source.fs.unstrip_protocol(source.path)
 
 
 def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/"))
 
 
-def _display_name(url: str, fs: AbstractFileSystem, path: str) -> str:
-    # Local files keep the user's spelling style (plain paths); others keep their protocol.
-    if "://" not in url:
-        return path
-    return fs.unstrip_protocol(path)
+def _display_name(url: str, fs: AbstractFileSystem, root: str, path: str) -> str:
+    """The name to show and compare across ranks: URLs keep their protocol; local files keep the
+    user's spelling (``data/b.txt``, not an absolute path), so ranks started in different working
+    directories name the same files alike."""
+    if "://" in url:
+        return fs.unstrip_protocol(path)
+    prefix = _glob_prefix(url) if _is_glob(url) else url
+    return prefix if path == root else os.path.normpath(
+        os.path.join(prefix, posixpath.relpath(path, root)))
+
+
+def _is_glob(path: str) -> bool:
+    return any(char in path for char in "*?[")
+
+
+def _glob_prefix(pattern: str) -> str:
+    """The folders of a glob before its first wildcard: ``data`` for ``data/*/x.txt``."""
+    parts = pattern.split("/")
+    first = next(i for i, part in enumerate(parts) if _is_glob(part))
+    return "/".join(parts[:first]) or ("/" if pattern.startswith("/") else ".")

@@ -33,9 +33,14 @@ def load_vectors(
     ids: str = "int",
     parser: LineParser | None = None,
     on_error: str = "raise",
+    features: int | None = None,
     **pipeline,
 ) -> Vectors:
     """The vectors whose ids this rank owns (ids hashed over the ranks).
+
+    Every line needs ``features`` values, by default as many as the input's first line has; a
+    line with another number is malformed (``on_error`` decides). ``pipeline`` takes
+    ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
 
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "v.txt"
@@ -44,7 +49,8 @@ def load_vectors(
     >>> ids.tolist(), values.tolist()
     ([1001, 1002], [[0.1, 0.2], [0.3, 0.4]])
     """
-    records, stats = load_records(paths, Format("fvec", delimiter, ids, parser, on_error), **pipeline)
+    records, stats = load_records(
+        paths, lambda: Format("fvec", delimiter, ids, parser, on_error, features), **pipeline)
     started = time.perf_counter()
     order = np.argsort(records["id"], kind="stable")
     vectors = Vectors(records["id"][order], records["values"][order])
