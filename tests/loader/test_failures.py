@@ -204,3 +204,21 @@ def test_a_batch_that_cannot_be_sent_is_a_clear_error(clean):
     loader = DataLoader(Unpicklable(), batch_size=2, num_workers=1, collate_fn=list)
     with pytest.raises(Exception, match="in DataLoader worker process 0 while loading indices"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_dropping_a_loader_stops_its_workers_with_no_garbage_collection(persistent, clean):
+    """No reference cycle holds a pass or a loader: its workers stop when it is dropped."""
+    gc.disable()
+    try:
+        loader = DataLoader(torch.arange(100.0), batch_size=4, num_workers=2,
+                            persistent_workers=persistent)
+        iterator = iter(loader)
+        next(iterator)
+        del iterator
+        if persistent:
+            assert len(_children()) == 2  # kept for the next epoch...
+            del loader  # ...until the loader goes
+        assert _children() == []
+    finally:
+        gc.enable()

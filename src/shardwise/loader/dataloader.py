@@ -19,7 +19,8 @@ from shardwise.loader.iterator import LoaderIterator
 from shardwise.loader.position import (PassRecord, Resume, loader_state, read_state,
                                        resumed_batches)
 from shardwise.loader.progress import EpochBar
-from shardwise.loader.stats import LoaderStats
+from shardwise.loader.pools import Workers
+from shardwise.loader.stats import Clock, LoaderStats
 from shardwise.samplers import DistributedSampler
 
 WORKER_TYPES = ("process", "thread")
@@ -112,7 +113,8 @@ class DataLoader(TorchDataLoader):
         self._resume: Resume | None = None
         self._loaded: dict[str, Any] | None = None
         self._record: PassRecord | None = None
-        self._pass: LoaderIterator | None = None
+        self._clock: Clock | None = None
+        self._workers: Workers | None = None  # persistent workers, between passes
         self._bar: EpochBar | None = None
 
     # -- iteration -------------------------------------------------------------------------------
@@ -127,7 +129,13 @@ class DataLoader(TorchDataLoader):
                           "then device pinned memory won't be used.", stacklevel=3)
         if self.num_workers and self.worker_type == "process":
             self.check_worker_number_rationality()
-        return LoaderIterator(self)
+        kept = self._workers if self._workers is not None and self._workers.alive else None
+        return LoaderIterator(self, kept)
+
+    def __iter__(self) -> LoaderIterator:
+        # Not torch's: it keeps the iterator to reuse persistent workers, and the iterator
+        # keeps the loader; here the loader keeps only the workers, so no cycle outlives a pass.
+        return self._get_iterator()
 
     def __len__(self) -> int:
         """Batches in the epoch; a pass resumed mid-epoch yields only those still to come."""
@@ -162,9 +170,9 @@ class DataLoader(TorchDataLoader):
     @property
     def stats(self) -> LoaderStats:
         """The current (or last) pass: batches, samples per second, time waiting for data."""
-        if self._pass is None:
+        if self._clock is None or self._record is None:
             return LoaderStats(0, 0, 0.0, 0.0)
-        return self._pass.clock.stats(self._pass.record.batches, self._pass.record.samples)
+        return self._clock.stats(self._record.batches, self._record.samples)
 
     # -- hooks the iterator calls ----------------------------------------------------------------
 
@@ -179,7 +187,7 @@ class DataLoader(TorchDataLoader):
                 check_consistent(sampler)
 
     def _on_pass_start(self, current: LoaderIterator) -> None:
-        self._pass, self._record, self._loaded = current, current.record, None
+        self._clock, self._record, self._loaded = current.clock, current.record, None
         if self.progress:
             self._bar = EpochBar(_length(self), getattr(self.sampler, "epoch", None))
 

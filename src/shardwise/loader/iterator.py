@@ -21,7 +21,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.device import Background, ToDevice
-from shardwise.loader.pools import Event, ProcessPool, ThreadPool, start_method_context
+from shardwise.loader.pools import Event, ProcessPool, ThreadPool, Workers, start_method_context
 from shardwise.loader.position import (PassRecord, Resume, new_record, replayed_randomness,
                                        resumable_sampler)
 from shardwise.loader.stats import Clock
@@ -36,25 +36,19 @@ class _Task:
 
 
 class LoaderIterator(Iterator[Any]):
-    """What ``iter(loader)`` returns. With persistent workers the loader reuses it every epoch."""
+    """What ``iter(loader)`` returns: one pass, on the loader's persistent workers or its own."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, workers: Workers | None = None) -> None:
         self._loader = loader
         self._workers = loader.num_workers
         self._auto = loader._auto_collation
         self._sampler = resumable_sampler(loader)
-        self._pool: ProcessPool | ThreadPool | None = None
-        self._closer: weakref.finalize | None = None
+        self._pool_owner: Workers | None = workers
+        self._pool = workers.pool if workers is not None else None
         self._stages: list[Any] = []
-        self._begin(first=True)
+        self._begin(first=workers is None)
 
     # -- a pass ----------------------------------------------------------------------------------
-
-    def _reset(self, loader: Any) -> None:
-        """The next epoch on the same (persistent) workers: torch's name for it."""
-        self._stop_stages()
-        # Workers stopped by a failed pass are started afresh.
-        self._begin(first=self._closer is None or not self._closer.alive)
 
     def _begin(self, first: bool) -> None:
         loader = self._loader
@@ -72,11 +66,13 @@ class LoaderIterator(Iterator[Any]):
         self._cycle = itertools.cycle(range(self._workers))
         for _ in range((loader.prefetch_factor or 0) * self._workers):
             self._dispatch()
-        self._source: Iterator[tuple[Any, int]] = self._produce()
+        # Stages take the pass's batches through a weak reference: nothing here refers back to
+        # the pass, so dropping it stops its workers at once, with no garbage collection.
+        self._source: Iterator[tuple[Any, int]] | None = None
         if loader._pinning:  # pinned off the main thread, a few batches ahead
-            self._source = self._stage(Background(self._source, loader.prefetch_factor or 2))
+            self._source = self._stage(Background(_Batches(self), loader.prefetch_factor or 2))
         if loader._device is not None:
-            self._source = self._stage(ToDevice(self._source, loader._device))
+            self._source = self._stage(ToDevice(self._source or _Batches(self), loader._device))
         loader._on_pass_start(self)
 
     def _open_indices(self, first: bool, resume: Resume | None) -> None:
@@ -102,6 +98,8 @@ class LoaderIterator(Iterator[Any]):
                 self.record.drew_base_seed = resume.drew_base_seed
                 self.record.randomness = resume.randomness or self.record.randomness
                 self.record.resumed_batches = resume.resumed_batches
+            if not first:  # the persistent workers' seed
+                self._base_seed = self._pool_owner.base_seed
             self.record.base_seed = self._base_seed
             if self._workers:
                 if first:
@@ -134,7 +132,11 @@ class LoaderIterator(Iterator[Any]):
         else:
             context = start_method_context(loader.multiprocessing_context)
             pool = ProcessPool(spec, self._base_seed, context, pin=loader._pinning)
-        self._closer = weakref.finalize(self, pool.close)  # on garbage collection and at exit
+        # Persistent workers live as long as the loader; others as long as this pass.
+        owner = loader if loader.persistent_workers else self
+        self._pool_owner = Workers(pool, self._base_seed, owner)
+        if loader.persistent_workers:
+            loader._workers = self._pool_owner
         return pool
 
     def _stage(self, stage: Any) -> Any:
@@ -155,7 +157,7 @@ class LoaderIterator(Iterator[Any]):
         while True:
             asked = time.perf_counter()
             try:
-                batch, count = next(self._source)
+                batch, count = self._next_pair() if self._source is None else next(self._source)
             except StopIteration:
                 self.record.finished = True
                 self._loader._on_pass_end(self)
@@ -176,21 +178,16 @@ class LoaderIterator(Iterator[Any]):
             self._loader._on_batch(self)
             return batch
 
-    def _produce(self) -> Iterator[tuple[Any, int]]:
-        """``(batch, indices behind it)`` in delivery order, until the pass ends."""
-        pinning = self._loader._pinning
-        while True:
-            try:
-                if self._fetcher is not None:  # no workers: fetch right here
-                    index = next(self._indices)
-                    batch, count = self._fetcher.fetch(index), len(index) if self._auto else 1
-                else:
-                    batch, count = self._next_from_workers()
-            except StopIteration:
-                return
-            if pinning and not isinstance(self._pool, ProcessPool):  # processes pin as they copy
-                batch = pin_batch(batch)
-            yield batch, count
+    def _next_pair(self) -> tuple[Any, int]:
+        """The next ``(batch, indices behind it)`` in delivery order; ``StopIteration`` at the end."""
+        if self._fetcher is not None:  # no workers: fetch right here
+            index = next(self._indices)
+            batch, count = self._fetcher.fetch(index), len(index) if self._auto else 1
+        else:
+            batch, count = self._next_from_workers()
+        if self._loader._pinning and not isinstance(self._pool, ProcessPool):
+            batch = pin_batch(batch)  # processes' batches were copied into pinned memory
+        return batch, count
 
     def _next_from_workers(self) -> tuple[Any, int]:
         while True:
@@ -261,7 +258,20 @@ class LoaderIterator(Iterator[Any]):
         return len(self._loader)
 
     def close(self) -> None:
-        """Stop the workers now; they also stop when the iterator is garbage-collected."""
+        """Stop the workers now (persistent ones too: the next pass starts new ones)."""
         self._stop_stages()
-        if self._closer is not None:
-            self._closer()
+        if self._pool_owner is not None:
+            self._pool_owner.close()
+
+
+class _Batches(Iterator[tuple[Any, int]]):
+    """A pass's ``(batch, count)`` pairs for a stage, through a weak reference to the pass."""
+
+    def __init__(self, source: LoaderIterator) -> None:
+        self._source = weakref.ref(source)
+
+    def __next__(self) -> tuple[Any, int]:
+        source = self._source()
+        if source is None:
+            raise StopIteration
+        return source._next_pair()

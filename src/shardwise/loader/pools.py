@@ -9,11 +9,13 @@ GIL (NumPy, decoding, I/O), with no copies at all.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import select
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import reduction
@@ -45,6 +47,24 @@ class WorkerDied(RuntimeError):
     """A worker process exited while the loader still needed it."""
 
 
+class Workers:
+    """A pool and the base seed it was started with, stopped when its owner is garbage (or at exit).
+
+    The owner is the loader when workers persist across epochs, else the pass's iterator.
+    """
+
+    def __init__(self, pool: ProcessPool | ThreadPool, base_seed: int, owner: object) -> None:
+        self.pool, self.base_seed = pool, base_seed
+        self._closer = weakref.finalize(owner, pool.close)
+
+    @property
+    def alive(self) -> bool:
+        return self._closer.alive
+
+    def close(self) -> None:
+        self._closer()
+
+
 def start_method_context(requested: Any) -> Any:
     """The multiprocessing context for worker processes.
 
@@ -67,6 +87,7 @@ class ProcessPool:
 
     def __init__(self, spec: WorkerSpec, base_seed: int, context: Any, pin: bool) -> None:
         self.num_workers, self.pin = spec.num_workers, pin
+        self._pid = os.getpid()
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.slots: list[list[SharedSlot | None]] = []
@@ -147,6 +168,8 @@ class ProcessPool:
 
     def close(self) -> None:
         """Stop every worker: a moment to finish the sample at hand, then it is killed."""
+        if os.getpid() != self._pid:  # a forked child's exit: the workers are not its own
+            return
         for conn in self.conns:
             try:
                 send(conn, ("stop",))
@@ -191,6 +214,7 @@ class ThreadPool:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.num_workers = spec.num_workers
+        self._pid = os.getpid()
         self.spec = spec
         self.results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.tasks: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(spec.num_workers)]
@@ -236,6 +260,8 @@ class ThreadPool:
 
     def close(self) -> None:
         """Stop the threads after the batch each is on (a thread cannot be interrupted)."""
+        if os.getpid() != self._pid:  # a forked child has none of these threads
+            return
         self._stopping.set()
         for tasks in self.tasks:
             tasks.put(None)
