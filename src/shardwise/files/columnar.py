@@ -1,0 +1,231 @@
+"""Columnar inputs (Parquet, Arrow IPC / Feather): each rank reads whole row groups of its own.
+
+A Parquet file is a run of row groups, an Arrow IPC file a run of record batches: units a rank
+reads whole, decoding nothing it does not keep. The units of all inputs, in order, are dealt to
+the ranks as contiguous runs balanced by their compressed bytes (rank ``r`` takes the units whose
+first byte, counted over all the inputs, falls in ``[T*r//W, T*(r+1)//W)``), so every unit is
+read by exactly one rank. With fewer units than ranks that would leave ranks idle, so the rows
+are split instead: rank ``r`` reads rows ``[R*r//W, R*(r+1)//W)`` of the ``R`` rows, slicing them
+out of the units that hold them.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
+
+from shardwise.checks import require_int
+from shardwise.distributed.world import resolve_world
+from shardwise.files.ids import string_ids
+from shardwise.files.sources import Paths, Source, expand
+from shardwise.mix import mix_ints
+
+SUFFIXES = {".parquet": "parquet", ".parq": "parquet", ".pq": "parquet",
+            ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
+
+
+def columnar_format(name: str) -> str | None:
+    """``"parquet"``, ``"arrow"``, or ``None`` for a file that is not columnar, by its suffix.
+
+    >>> columnar_format("s3://bucket/part-0001.parquet"), columnar_format("edges.csv")
+    ('parquet', None)
+    """
+    lowered = name.lower()
+    return next((kind for suffix, kind in SUFFIXES.items() if lowered.endswith(suffix)), None)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One row group (Parquet) or record batch (Arrow IPC) of one input file."""
+
+    source: Source
+    index: int
+    rows: int
+    bytes: int  # compressed, as stored
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """Which row groups (or rows) of which columnar files each of ``world_size`` ranks reads.
+
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> pq.write_table(pa.table({"x": range(10)}), folder / "a.parquet", row_group_size=4)
+    >>> plan = table_plan(folder, 2)
+    >>> [u.rows for u in plan.units], plan.by_rows, [len(plan.share(r)) for r in range(2)]
+    ([4, 4, 2], False, [2, 1])
+    """
+
+    sources: tuple[Source, ...]
+    units: tuple[Unit, ...]
+    world_size: int
+
+    @property
+    def by_rows(self) -> bool:
+        """Whether rows are split inside units (fewer units than ranks) rather than whole units."""
+        return len(self.units) < self.world_size
+
+    @cached_property
+    def _row_starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([u.rows for u in self.units], dtype=np.int64)])
+
+    @cached_property
+    def _byte_starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([u.bytes for u in self.units], dtype=np.int64)])
+
+    @property
+    def total_rows(self) -> int:
+        return int(self._row_starts[-1])
+
+    def share(self, rank: int) -> list[tuple[Unit, int, int]]:
+        """``(unit, first row, end row)`` of each stretch ``rank`` reads, rows counted in the unit."""
+        rank = require_int("rank", rank, minimum=0)
+        if rank >= self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        world = self.world_size
+        if not self.by_rows:
+            total = int(self._byte_starts[-1])
+            lo, hi = total * rank // world, total * (rank + 1) // world
+            firsts = self._byte_starts[:-1]
+            mine = np.flatnonzero((firsts >= lo) & (firsts < hi))
+            if rank == world - 1:  # units of zero bytes at the very end go to the last rank
+                mine = np.flatnonzero(firsts >= lo)
+            return [(self.units[i], 0, self.units[i].rows) for i in mine]
+        lo, hi = self.total_rows * rank // world, self.total_rows * (rank + 1) // world
+        stretches = []
+        for i, unit in enumerate(self.units):
+            start, end = int(self._row_starts[i]), int(self._row_starts[i + 1])
+            first, last = max(lo, start), min(hi, end)
+            if first < last:
+                stretches.append((unit, first - start, last - start))
+        return stretches
+
+    def digest(self) -> int:
+        """A 64-bit digest of the files, their units and sizes: ranks compare it to agree."""
+        names = string_ids([u.source.name for u in self.units]).tolist()
+        return mix_ints(self.world_size, *(mix_ints(name, u.index, u.rows, u.bytes)
+                                           for name, u in zip(names, self.units)))
+
+    def describe(self) -> str:
+        """One line: the inputs, and how they are split."""
+        how = ("rows split inside row groups: fewer row groups than ranks" if self.by_rows
+               else "whole row groups, balanced by compressed bytes")
+        return (f"{len(self.units)} row groups, {self.total_rows:,} rows, {self.world_size} ranks: "
+                f"{how}")
+
+    def table(self) -> Table:
+        """One row per rank: its row groups (or row ranges), rows and compressed bytes read."""
+        table = Table()
+        for column in ("rank", "row groups", "rows", "bytes"):
+            table.add_column(column, justify="right")
+        for rank in range(self.world_size):
+            share = self.share(rank)
+            table.add_row(str(rank), str(len(share)), f"{sum(e - s for _, s, e in share):,}",
+                          f"{sum(u.bytes for u, _, _ in share):,}")
+        return table
+
+    def __str__(self) -> str:
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=10_000, color_system=None)  # never wraps a line
+        console.print(self.describe())
+        console.print(self.table())
+        return buffer.getvalue()
+
+
+def table_plan(paths: Paths, world_size: int) -> TablePlan:
+    """Plan how ``world_size`` ranks split the row groups of columnar ``paths``."""
+    world_size = require_int("world_size", world_size, minimum=1)
+    sources = tuple(expand(paths))
+    return TablePlan(sources, tuple(u for s in sources for u in _units(s)), world_size)
+
+
+def read_table(
+    paths: Paths | TablePlan,
+    rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """This rank's rows of Parquet or Arrow IPC ``paths``, as one table; no exchange.
+
+    ``rank`` / ``world_size`` default to the process group (or ``RANK`` / ``WORLD_SIZE``).
+    Every row of the inputs is in exactly one rank's table, in the inputs' order.
+
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> pq.write_table(pa.table({"x": range(6), "y": range(6)}), folder / "t.parquet",
+    ...                row_group_size=2)
+    >>> [read_table(folder, r, 3, columns=["x"])["x"].to_pylist() for r in range(3)]
+    [[0, 1], [2, 3], [4, 5]]
+    """
+    world_size, rank = resolve_world(world_size, rank)
+    if isinstance(paths, TablePlan):
+        plan = paths if paths.world_size == world_size else TablePlan(paths.sources,
+                                                                       paths.units, world_size)
+    else:
+        plan = table_plan(paths, world_size)
+    pieces = [_read(unit, first, end, columns) for unit, first, end in plan.share(rank)]
+    if not pieces:  # nothing for this rank: an empty table of the inputs' columns
+        return _schema(plan.sources[0], columns).empty_table()
+    schema = pieces[0].schema
+    for (unit, _, _), piece in zip(plan.share(rank), pieces):
+        if not piece.schema.equals(schema):
+            raise ValueError(f"{unit.source.name} has columns {piece.schema.names} of types "
+                             f"{piece.schema.types}, unlike the inputs before it "
+                             f"({schema.names}, {schema.types}); give files of one schema")
+    return pa.concat_tables(pieces)
+
+
+def _units(source: Source) -> list[Unit]:
+    kind = columnar_format(source.name)
+    if kind is None:
+        raise ValueError(f"{source.name} is not a Parquet or Arrow IPC file (by its name); "
+                         f"columnar inputs end in {', '.join(SUFFIXES)}")
+    with source.open() as handle:
+        if kind == "parquet":
+            meta = pq.ParquetFile(handle).metadata
+            return [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
+                    for i in range(meta.num_row_groups)]
+        reader = ipc.open_file(handle)
+        units = []
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            units.append(Unit(source, i, batch.num_rows, batch.nbytes))
+        return units
+
+
+def _schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:
+    with source.open() as handle:
+        if columnar_format(source.name) == "parquet":
+            schema = pq.ParquetFile(handle).schema_arrow
+        else:
+            schema = ipc.open_file(handle).schema
+    return schema if columns is None else pa.schema([schema.field(c) for c in columns])
+
+
+def _compressed(row_group: Any) -> int:
+    return sum(row_group.column(j).total_compressed_size for j in range(row_group.num_columns))
+
+
+def _read(unit: Unit, first: int, end: int, columns: Sequence[str] | None) -> pa.Table:
+    with unit.source.open() as handle:
+        if columnar_format(unit.source.name) == "parquet":
+            table = pq.ParquetFile(handle).read_row_group(unit.index, columns=columns)
+        else:
+            batch = ipc.open_file(handle).get_batch(unit.index)
+            table = pa.Table.from_batches([batch])
+            if columns is not None:
+                table = table.select(list(columns))
+    if (first, end) != (0, unit.rows):
+        table = table.slice(first, end - first)
+    return table

@@ -1,0 +1,108 @@
+"""Columnar inputs: every row in exactly one rank's table; whole row groups, balanced by bytes."""
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise import spawn_local
+from shardwise.files.columnar import read_table, table_plan
+
+
+def write_inputs(folder: Path, groups: list[list[int]], kind: str = "parquet") -> list[int]:
+    """Files of row groups of the given sizes; every row's ``id`` unique. Returns all ids."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids, start = [], 0
+    for number, sizes in enumerate(groups):
+        tables = []
+        for size in sizes:
+            tables.append(pa.table({"id": np.arange(start, start + size, dtype=np.int64),
+                                    "score": np.arange(size, dtype=np.float64) / 7}))
+            ids.extend(range(start, start + size))
+            start += size
+        table = pa.concat_tables(tables) if tables else pa.table(
+            {"id": pa.array([], pa.int64()), "score": pa.array([], pa.float64())})
+        path = folder / f"part-{number:03d}.{kind}"
+        if kind == "parquet":
+            writer = pq.ParquetWriter(path, table.schema)
+            for piece in tables:  # one row group per piece
+                writer.write_table(piece)
+            writer.close()
+        else:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+                for piece in tables:
+                    out.write_table(piece)
+    return ids
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.lists(st.lists(st.integers(1, 40), max_size=4), min_size=1, max_size=4),
+       world=st.integers(1, 6), kind=st.sampled_from(["parquet", "arrow"]))
+def test_every_row_is_read_by_exactly_one_rank_in_order(tmp_path_factory, groups, world, kind):
+    folder = tmp_path_factory.mktemp("inputs")
+    ids = write_inputs(folder, groups, kind)
+    shares = [read_table(folder, rank, world, columns=["id"])["id"].to_pylist()
+              for rank in range(world)]
+    assert [i for share in shares for i in share] == ids  # each once, ranks in order
+    plan = table_plan(folder, world)
+    if not plan.by_rows:  # whole row groups: each rank reads only units of its own
+        assert sum(len(plan.share(r)) for r in range(world)) == len(plan.units)
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_row_groups_are_balanced_by_bytes(tmp_path, world):
+    write_inputs(tmp_path, [[1000, 10, 10, 10, 1000, 10, 10, 10], [500] * 4, [30] * 9])
+    plan = table_plan(tmp_path, world)
+    total, largest = sum(u.bytes for u in plan.units), max(u.bytes for u in plan.units)
+    for rank in range(world):  # within one row group of an equal share of the bytes
+        assert abs(sum(u.bytes for u, _, _ in plan.share(rank)) - total / world) <= largest
+    assert "rank" in str(plan) and "whole row groups" in str(plan)
+
+
+def test_fewer_row_groups_than_ranks_split_rows(tmp_path):
+    ids = write_inputs(tmp_path, [[10], [5]])
+    plan = table_plan(tmp_path, 4)
+    assert plan.by_rows and "fewer row groups than ranks" in str(plan)
+    shares = [read_table(tmp_path, r, 4)["id"].to_pylist() for r in range(4)]
+    assert [len(s) for s in shares] == [3, 4, 4, 4] and sum(shares, []) == ids
+
+
+def test_feather_files_are_arrow_ipc(tmp_path):
+    feather.write_feather(pa.table({"id": [1, 2, 3]}), tmp_path / "t.feather",
+                          compression="uncompressed")
+    assert read_table(tmp_path / "t.feather", 0, 1)["id"].to_pylist() == [1, 2, 3]
+
+
+def test_a_rank_with_nothing_gets_an_empty_table_of_the_columns(tmp_path):
+    write_inputs(tmp_path, [[3000, 1, 1]])  # the big row group's bytes cover rank 1's share
+    plan = table_plan(tmp_path, 3)
+    assert not plan.by_rows and plan.share(1) == []
+    empty = read_table(plan, 1, 3, columns=["score"])
+    assert empty.num_rows == 0 and empty.schema.names == ["score"]
+
+
+def test_bad_inputs_are_named(tmp_path):
+    (tmp_path / "a.csv").write_text("1,2\n")
+    with pytest.raises(ValueError, match="a.csv is not a Parquet or Arrow IPC file"):
+        table_plan(tmp_path / "a.csv", 2)
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "x.parquet")
+    pq.write_table(pa.table({"id": ["one"]}), tmp_path / "y.parquet")
+    with pytest.raises(ValueError, match="y.parquet has columns"):
+        read_table([tmp_path / "x.parquet", tmp_path / "y.parquet"], 0, 1)
+
+
+def _read_on_every_rank(folder: str) -> list[int]:
+    return read_table(folder)["id"].to_pylist()  # world and rank from the process group
+
+
+@pytest.mark.timeout(120)
+def test_three_gloo_ranks_read_every_row_once(tmp_path):
+    ids = write_inputs(tmp_path, [[30, 20], [25], [5, 5, 5]])
+    shares = spawn_local(_read_on_every_rank, 3, str(tmp_path), timeout=100)
+    assert sum(shares, []) == ids and all(shares)
