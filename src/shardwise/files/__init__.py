@@ -8,6 +8,7 @@ and build the rank's partition. See docs/files.md.
 """
 
 from shardwise.files.agreement import agreed_plan
+from shardwise.files.columnar import TablePlan, read_table, table_plan
 from shardwise.files.graph import Graph, load_graph
 from shardwise.files.ids import string_ids
 from shardwise.files.load import LoadStats, load_records, read_records
@@ -20,6 +21,6 @@ from shardwise.files.vectors import Vectors, load_vectors
 
 __all__ = [
     "PATTERNS", "BadLine", "Chunk", "Format", "Graph", "LoadStats", "MatrixBlock", "ParseError",
-    "Plan", "Vectors", "agreed_plan", "grid", "iter_chunks", "load_graph", "load_matrix", "load_records",
+    "Plan", "TablePlan", "Vectors", "agreed_plan", "read_table", "table_plan", "grid", "iter_chunks", "load_graph", "load_matrix", "load_records",
     "load_vectors", "owners", "plan", "read_bytes", "read_lines", "read_records", "string_ids",
 ]

@@ -174,7 +174,7 @@ def read_table(
                                                                        paths.units, world_size)
     else:
         plan = table_plan(paths, world_size)
-    pieces = [_read(unit, first, end, columns) for unit, first, end in plan.share(rank)]
+    pieces = [read_unit(unit, first, end, columns) for unit, first, end in plan.share(rank)]
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
         return _schema(plan.sources[0], columns).empty_table()
     schema = pieces[0].schema
@@ -217,7 +217,8 @@ def _compressed(row_group: Any) -> int:
     return sum(row_group.column(j).total_compressed_size for j in range(row_group.num_columns))
 
 
-def _read(unit: Unit, first: int, end: int, columns: Sequence[str] | None) -> pa.Table:
+def read_unit(unit: Unit, first: int, end: int, columns: Sequence[str] | None = None) -> pa.Table:
+    """Rows ``first:end`` of one row group (or record batch), only ``columns`` when given."""
     with unit.source.open() as handle:
         if columnar_format(unit.source.name) == "parquet":
             table = pq.ParquetFile(handle).read_row_group(unit.index, columns=columns)
