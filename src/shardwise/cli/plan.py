@@ -22,6 +22,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from shardwise.cli.picture import render_html, render_svg
 from shardwise.order import PERMUTATIONS
 from shardwise.samplers import DistributedSampler
 from shardwise.samplers.distributed import TORCH_ORDER_WARN_SIZE
@@ -83,21 +84,28 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--permutation", choices=PERMUTATIONS, default="torch",
                         help="torch: torch's exact order, 8 bytes a sample; feistel: O(1) memory, "
                              "for any size (default: torch)")
-    parser.add_argument("--format", choices=("table", "json"), default="table",
-                        help="a table per epoch, or JSON (default: table)")
-    parser.add_argument("--max-batches", type=int, default=12,
+    parser.add_argument("--format", choices=("table", "json", "svg", "html"), default="table",
+                        help="a table per epoch, JSON, or a picture: an SVG image or an HTML page "
+                             "holding it (default: table)")
+    parser.add_argument("--max-batches", type=int, default=None,
                         help="batches shown per rank, the last one always among them "
-                             "(default 12; fewer where the terminal is narrow)")
+                             "(default 12, 6 in a picture; fewer where the terminal is narrow)")
     parser.add_argument("--max-ranks", type=int, default=8,
                         help="ranks shown: the first and the last ones (default 8)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.max_batches is None:
+        args.max_batches = 6 if args.format in ("svg", "html") else 12
     _check(args)
     epochs = plan_epochs(args)
     if args.format == "json":
         print(json.dumps({"config": _config(args), "epochs": [asdict(e) for e in epochs]}))
+        return 0
+    if args.format in ("svg", "html"):
+        render = render_svg if args.format == "svg" else render_html
+        print(render(_summary(args), epochs), end="")
         return 0
     console = Console(highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
@@ -202,13 +210,15 @@ def _config(args: argparse.Namespace) -> dict:
     return {"shuffle": not args.no_shuffle, **{name: getattr(args, name) for name in names}}
 
 
-def _print_tables(args: argparse.Namespace, epochs: list[EpochPlan], console: Console) -> None:
+def _summary(args: argparse.Namespace) -> str:
     shuffled = "shuffled" if not args.no_shuffle else "not shuffled"
-    console.print(
-        f"{args.size:,} samples over {args.world_size:,} ranks, batch size {args.batch_size:,}, "
-        f"{shuffled} ({args.permutation}, seed {args.seed}), layout {args.layout}, "
-        f"remainder {args.remainder}.  [red]*[/red] marks a padding repeat."
-    )
+    return (f"{args.size:,} samples over {args.world_size:,} ranks, batch size "
+            f"{args.batch_size:,}, {shuffled} ({args.permutation}, seed {args.seed}), layout "
+            f"{args.layout}, remainder {args.remainder}.")
+
+
+def _print_tables(args: argparse.Namespace, epochs: list[EpochPlan], console: Console) -> None:
+    console.print(f"{_summary(args)}  [red]*[/red] marks a padding repeat.")
     for plan in epochs:
         console.print(_fitted_table(plan, console))
         if plan.ranks_not_shown:
