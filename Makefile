@@ -1,4 +1,4 @@
-# The two commands the README gives: `make plan` (the main job) and `make test` (the test suite).
+# The two commands the README gives: `make demo` (the main job) and `make test` (the test suite).
 # TORCH picks the torch build installed before shardwise; the default is the CPU wheel.
 VENV ?= .venv
 TORCH ?= torch==2.13.0
@@ -10,7 +10,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test,integrations,bench]'
 	touch $@
 
-.PHONY: plan test
+.PHONY: demo plan test
+demo: $(VENV)/.installed
+	$(VENV)/bin/shardwise demo
+
 plan: $(VENV)/.installed
 	$(VENV)/bin/shardwise plan
 

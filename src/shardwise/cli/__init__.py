@@ -6,11 +6,11 @@ import argparse
 from collections.abc import Sequence
 
 from shardwise import __version__
-from shardwise.cli import load, plan
+from shardwise.cli import demo, load, plan
 from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
 from shardwise.distributed.launch import LaunchError
 
-COMMANDS = {"plan": plan, "load": load}
+COMMANDS = {"demo": demo, "plan": plan, "load": load}
 
 
 def build_parser() -> argparse.ArgumentParser:
