@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[test,integrations,bench]'
+	$(PY) -m pip install -q -e '.[test,integrations,bench,s3]'
 	touch $@
 
 .PHONY: demo plan test

@@ -2,14 +2,17 @@
 
     shardwise load data/*.csv --pattern fmap --nproc 2
     torchrun --nproc-per-node 4 -m shardwise load data/ --pattern fsmap --save out/
+    shardwise load s3://bucket/edges/ --storage-option endpoint_url=http://127.0.0.1:9000
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -51,12 +54,40 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "it and go on (skip) (default: raise)")
     parser.add_argument("--save", type=Path, default=None,
                         help="write each rank's partition to this folder as .npz")
+    parser.add_argument(
+        "--storage-option", metavar="KEY=VALUE", type=storage_option, action="append",
+        default=[], dest="storage_options",
+        help="an fsspec option for URLs (s3://, gs://, az://, http(s)://), such as "
+             "endpoint_url=http://127.0.0.1:9000 or anon=true; repeat it for each option. VALUE "
+             "is read as JSON where it is JSON (true, 8, {\"region_name\": \"eu-west-1\"}), else "
+             "as text. Credentials are best left to the environment (AWS_ACCESS_KEY_ID...)",
+    )
     return parser
+
+
+def storage_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` as a pair, VALUE read as JSON where it is JSON, else kept as text.
+
+    Errors never repeat the text: it may be a secret.
+
+    >>> storage_option("anon=true"), storage_option("endpoint_url=http://127.0.0.1:9000")
+    (('anon', True), ('endpoint_url', 'http://127.0.0.1:9000'))
+    """
+    key, equals, value = text.partition("=")
+    if not (equals and key.strip()):
+        raise argparse.ArgumentTypeError(
+            "expected KEY=VALUE, such as endpoint_url=http://127.0.0.1:9000 (the value given is "
+            "not repeated here, as it may be a credential)")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
 
 
 def run(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in
                ("paths", "pattern", "kind", "delimiter", "ids", "on_error", "save")}
+    options["storage_options"] = _storage_options(args.storage_options)
     if args.nproc is None:
         with process_group_from_env():
             report = load_rank(options)
@@ -69,6 +100,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
     _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
     return 0
+
+
+def _storage_options(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"--storage-option {', '.join(twice)} is given more than once: give "
+                         "each option once")
+    return dict(pairs)
 
 
 def load_rank(options: dict) -> list[LoadStats]:
@@ -93,10 +133,10 @@ def _load_rank(options: dict) -> list[LoadStats]:
 
 
 def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
-    parse = {"delimiter": options["delimiter"], "ids": options["ids"], "on_error": options["on_error"]}
+    parse = {key: options[key] for key in ("delimiter", "ids", "on_error", "storage_options")}
     pattern, kind = options["pattern"], options["kind"]
     if pattern == "linesplit":
-        return _load_lines(options["paths"])
+        return _load_lines(options["paths"], options["storage_options"])
     if pattern == "fvec":
         vectors = load_vectors(options["paths"], progress=progress, **parse)
         return vectors.stats, {"ids": vectors.ids, "values": vectors.values}
@@ -110,11 +150,12 @@ def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
                          "weight": graph.weight}
 
 
-def _load_lines(paths: list[str]) -> tuple[LoadStats, dict[str, np.ndarray]]:
+def _load_lines(paths: list[str], storage_options: dict[str, Any]
+                ) -> tuple[LoadStats, dict[str, np.ndarray]]:
     world_size, rank = group_world()
     started = time.perf_counter()
     lines, bytes_read = [], 0
-    for chunk in iter_chunks(paths, rank, world_size):
+    for chunk in iter_chunks(paths, rank, world_size, storage_options=storage_options):
         lines.extend(chunk_lines(chunk))
         bytes_read += len(chunk.data)
     seconds = {"read+parse": time.perf_counter() - started}

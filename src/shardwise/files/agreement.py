@@ -23,18 +23,19 @@ from shardwise.distributed.consistency import (
 )
 from shardwise.distributed.world import gather_objects, group_world
 from shardwise.files.plan import Plan, plan
-from shardwise.files.sources import Paths
+from shardwise.files.sources import Paths, StorageOptions
 
 Listing = list[tuple[str, int]]  # (name, size) of each planned file, in plan order
 T = TypeVar("T")
 
 
-def agreed_plan(paths: Paths | Plan) -> Plan:
+def agreed_plan(paths: Paths | Plan, *, storage_options: StorageOptions | None = None) -> Plan:
     """``plan(paths, world_size)`` for the process group, checked to be the same on every rank.
 
     Call it on every rank together (it is one collective); an error planning on any rank (a
     missing file) is raised on every rank, naming the rank. Pass the result to ``iter_chunks``,
-    ``read_lines`` or ``read_bytes``, which never communicate themselves.
+    ``read_lines`` or ``read_bytes``, which never communicate themselves. URLs are opened with
+    ``storage_options`` (see ``plan``).
 
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
@@ -42,8 +43,9 @@ def agreed_plan(paths: Paths | Plan) -> Plan:
     >>> agreed_plan(path).total_bytes
     4
     """
-    the_plan, _ = plan_together(lambda world_size: (plan(paths, world_size), None, {}),
-                                caller="agreed_plan")
+    the_plan, _ = plan_together(
+        lambda world_size: (plan(paths, world_size, storage_options=storage_options), None, {}),
+        caller="agreed_plan")
     return the_plan
 
 

@@ -13,7 +13,7 @@ from shardwise.files.load import LoadStats, load_records
 from shardwise.files.matrix import MatrixBlock
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
-from shardwise.files.sources import Paths
+from shardwise.files.sources import Paths, StorageOptions
 
 Kind = Literal["digraph", "bigraph", "undirected"]
 KINDS = ("digraph", "bigraph", "undirected")
@@ -134,6 +134,7 @@ def load_graph(
     ids: str = "int",
     parser: LineParser | None = None,
     on_error: str = "raise",
+    storage_options: StorageOptions | None = None,
     **pipeline,
 ) -> Graph:
     """This rank's partition of the graph in ``paths``, over the current process group.
@@ -156,7 +157,8 @@ def load_graph(
             raise ValueError("pattern 'fvec' holds vectors, not edges: use load_vectors()")
         return Format(pattern, delimiter, ids, parser, on_error)
 
-    records, stats = load_records(paths, edge_format, mirror=kind == "undirected", **pipeline)
+    records, stats = load_records(paths, edge_format, mirror=kind == "undirected",
+                                  storage_options=storage_options, **pipeline)
     started = time.perf_counter()
     graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind)
     seconds = {**stats.seconds, "build": time.perf_counter() - started}

@@ -35,7 +35,7 @@ from shardwise.files.plan import Plan, plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
 from shardwise.files.records import edges, join
 from shardwise.files.route import route
-from shardwise.files.sources import Paths
+from shardwise.files.sources import Paths, StorageOptions
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes planned) on this rank
 
@@ -67,6 +67,7 @@ def read_records(
     *,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     progress: Progress | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> tuple[np.ndarray, LoadStats]:
     """Parse this rank's share of the lines into records, before any exchange.
 
@@ -76,7 +77,7 @@ def read_records(
     """
     world_size, rank = resolve_world(world_size, rank)
     started = time.perf_counter()
-    the_plan = plan(paths, world_size)
+    the_plan = plan(paths, world_size, storage_options=storage_options)
     if fmt.pattern == "fvec" and fmt.features is None:  # the same on every rank
         fmt = replace(fmt, features=first_line_features(leading_lines(the_plan), fmt))
     planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
@@ -111,6 +112,7 @@ def load_records(
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     round_bytes: int = DEFAULT_ROUND_BYTES,
     progress: Progress | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> tuple[np.ndarray, LoadStats]:
     """Read, parse and route: the records this rank owns, over the current process group.
 
@@ -135,7 +137,7 @@ def load_records(
         require_int("round_bytes", round_bytes, minimum=world)
         require_int("block_bytes", block_bytes, minimum=1)
         settings = {**the_format.settings(), "mirror": mirror, "round_bytes": round_bytes}
-        return plan(paths, world), the_format, settings
+        return plan(paths, world, storage_options=storage_options), the_format, settings
 
     the_plan, the_format = plan_together(prepare, caller="loading files")
     planned = time.perf_counter()

@@ -11,7 +11,7 @@ import scipy.sparse
 from shardwise.files.load import LoadStats, load_records
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
-from shardwise.files.sources import Paths
+from shardwise.files.sources import Paths, StorageOptions
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +48,7 @@ def load_matrix(
     ids: str = "int",
     parser: LineParser | None = None,
     on_error: str = "raise",
+    storage_options: StorageOptions | None = None,
     **pipeline,
 ) -> MatrixBlock:
     """This rank's block of the matrix in ``paths`` (``src,dst[,weight]`` lines).
@@ -62,7 +63,7 @@ def load_matrix(
             raise ValueError("pattern 'fvec' holds vectors, not matrix entries: use load_vectors()")
         return Format(pattern, delimiter, ids, parser, on_error)
 
-    records, stats = load_records(paths, entry_format, **pipeline)
+    records, stats = load_records(paths, entry_format, storage_options=storage_options, **pipeline)
     started = time.perf_counter()
     block = MatrixBlock.from_records(records["src"], records["dst"], records["weight"])
     seconds = {**stats.seconds, "build": time.perf_counter() - started}

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardwise.checks import require_int
-from shardwise.files.sources import Paths, Source, expand
+from shardwise.files.sources import Paths, Source, StorageOptions, expand
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,15 @@ class Plan:
         return buffer.getvalue()
 
 
-def plan(paths: Paths | Plan, world_size: int) -> Plan:
+def plan(
+    paths: Paths | Plan, world_size: int, *, storage_options: StorageOptions | None = None
+) -> Plan:
     """Plan how ``world_size`` ranks split the bytes of ``paths`` (files, directories, globs, URLs).
 
-    A missing file raises ``FileNotFoundError`` naming it. Passing a ``Plan`` re-plans its files.
+    URLs are opened with ``storage_options`` (fsspec's, such as ``{"endpoint_url": ...}`` for
+    ``s3://``). A missing file raises ``FileNotFoundError`` naming it. Passing a ``Plan`` re-plans
+    its files (with the filesystems it holds).
     """
     world_size = require_int("world_size", world_size, minimum=1)
-    sources = paths.sources if isinstance(paths, Plan) else tuple(expand(paths))
+    sources = paths.sources if isinstance(paths, Plan) else tuple(expand(paths, storage_options))
     return Plan(sources, world_size)

@@ -8,19 +8,27 @@ short by a blank line. A file without a final newline simply ends its last line 
 Reading never talks to other ranks: each rank reads its share of the plan it is given. Bytes
 appended to a file after it was planned are not read (the plan fixed its size); a file that has
 shrunk since is an error naming it. ``agreed_plan`` checks that every rank planned the same.
+
+A local file is read through one open file; a remote one (an object store, HTTP) by one retried
+range request per read, a chunk ahead of the parser (``remote.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import AnyStr
 
 import numpy as np
 
 from shardwise.distributed.world import resolve_world
-from shardwise.files.plan import Plan, plan
-from shardwise.files.sources import Paths, Source
+from shardwise.files.plan import Piece, Plan, plan
+from shardwise.files.remote import current_size, read_ahead, read_range
+from shardwise.files.sources import Paths, Source, StorageOptions
+
+ReadRange = Callable[[int, int], bytes]  # bytes [start, stop) of one file (fewer at its end)
 
 # Below glibc's largest mmap threshold (32 MiB), so each chunk's buffer is reused from the heap
 # instead of being freshly mapped and page-faulted in: reading runs about 3x faster.
@@ -55,14 +63,9 @@ class Chunk:
         messages, not for every line.
         """
         before = 0
-        with self.source.open() as f:
-            remaining = self.start
-            while remaining > 0:
-                block = f.read(min(remaining, DEFAULT_BLOCK_BYTES))
-                if not block:
-                    break
-                before += block.count(b"\n")
-                remaining -= len(block)
+        with _ranges(self.source) as read:
+            for start in range(0, self.start, DEFAULT_BLOCK_BYTES):
+                before += read(start, min(start + DEFAULT_BLOCK_BYTES, self.start)).count(b"\n")
         return before + self.data.count(b"\n", 0, offset) + 1
 
 
@@ -72,33 +75,46 @@ def iter_chunks(
     world_size: int | None = None,
     *,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    storage_options: StorageOptions | None = None,
 ) -> Iterator[Chunk]:
     """This rank's bytes as line-aligned chunks of about ``block_bytes``: the fast path for parsers.
 
     ``rank`` / ``world_size`` default to the process group (or ``RANK`` / ``WORLD_SIZE``). No
     communication: under a process group, pass ``agreed_plan(paths)`` to have the ranks check
     first that they all planned the same files (else ranks that list the files differently
-    would silently read overlapping shares).
+    would silently read overlapping shares). URLs are opened with ``storage_options`` (see
+    ``plan``), and read a chunk ahead: the next chunk's range is requested while this one is used.
     """
     world_size, rank = resolve_world(world_size, rank)
     if block_bytes < 1:
         raise ValueError(f"block_bytes must be positive, got {block_bytes}")
     if not (isinstance(paths, Plan) and paths.world_size == world_size):
-        paths = plan(paths, world_size)
-    for piece in paths.pieces(rank):
-        size = piece.source.size
-        _check_not_shrunk(piece.source)
-        with piece.source.open() as f:
-            cuts = [*range(piece.start, piece.stop, block_bytes), piece.stop]
-            starts = [_line_start(f, cut, size) for cut in cuts]
-            for lo, hi in zip(starts, starts[1:]):
+        paths = plan(paths, world_size, storage_options=storage_options)
+    chunks = _chunks(paths.pieces(rank), block_bytes)
+    yield from read_ahead(chunks) if any(s.remote for s in paths.sources) else chunks
+
+
+def _chunks(pieces: list[Piece], block_bytes: int) -> Iterator[Chunk]:
+    for piece in pieces:
+        source, size = piece.source, piece.source.size
+        _check_not_shrunk(source)
+        with _ranges(source) as read:
+            # Each chunk's end is found just before it is read: a remote file's first chunk is
+            # then not kept waiting for a request per cut.
+            lo = _line_start(read, piece.start, size)
+            for cut in [*range(piece.start + block_bytes, piece.stop, block_bytes), piece.stop]:
+                hi = _line_start(read, cut, size)
                 if lo < hi:
-                    f.seek(lo)
-                    yield Chunk(piece.source, lo, _read_exactly(f, hi - lo, piece.source))
+                    yield Chunk(source, lo, _read_exactly(read, lo, hi, source))
+                lo = hi
 
 
 def read_bytes(
-    paths: Paths | Plan, rank: int | None = None, world_size: int | None = None
+    paths: Paths | Plan,
+    rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
 ) -> bytes:
     """All of this rank's lines as one buffer; a ``\\n`` is added where a file lacked its last one.
 
@@ -109,7 +125,7 @@ def read_bytes(
     b'one\\ntwo\\nthree\\n'
     """
     parts = []
-    for chunk in iter_chunks(paths, rank, world_size):
+    for chunk in iter_chunks(paths, rank, world_size, storage_options=storage_options):
         parts.append(chunk.data)
         if not chunk.data.endswith(b"\n"):
             parts.append(b"\n")
@@ -122,6 +138,7 @@ def read_lines(
     world_size: int | None = None,
     *,
     skip_blank: bool = False,
+    storage_options: StorageOptions | None = None,
 ) -> list[str]:
     """This rank's lines, decoded as UTF-8, without their ``\\n`` or ``\\r\\n`` terminators.
 
@@ -134,7 +151,7 @@ def read_lines(
     ['one', 'two', 'three']
     """
     lines: list[str] = []
-    for chunk in iter_chunks(paths, rank, world_size):
+    for chunk in iter_chunks(paths, rank, world_size, storage_options=storage_options):
         lines.extend(chunk_lines(chunk))
     return [line for line in lines if line] if skip_blank else lines
 
@@ -151,10 +168,17 @@ def leading_lines(paths: Paths | Plan) -> Iterator[bytes]:
     b'one'
     """
     for source in (paths if isinstance(paths, Plan) else plan(paths, 1)).sources:
-        if source.size:
-            with source.open() as f:
-                for line in f:
-                    yield split_lines(line)[0]
+        with _ranges(source) as read:
+            pending: list[bytes] = []  # the start of a line that does not end in this block
+            for start in range(0, source.size, _SCAN_BYTES):
+                block = read(start, min(start + _SCAN_BYTES, source.size))
+                end = block.rfind(b"\n") + 1
+                if end:
+                    yield from split_lines(b"".join([*pending, block[:end]]))
+                    pending = []
+                pending.append(block[end:])
+            if any(pending):
+                yield from split_lines(b"".join(pending))
 
 
 def chunk_lines(chunk: Chunk) -> list[str]:
@@ -184,14 +208,29 @@ def split_lines(text: AnyStr) -> list[AnyStr]:
     return lines
 
 
-def _line_start(f, cut: int, size: int) -> int:
+@contextmanager
+def _ranges(source: Source) -> Iterator[ReadRange]:
+    """A function that reads byte ranges of ``source``: through one open file if it is local,
+    else one range request (retried) per call."""
+    if source.remote:
+        yield partial(read_range, source)
+        return
+    with source.open() as f:
+
+        def read(start: int, stop: int) -> bytes:
+            f.seek(start)
+            return f.read(stop - start)
+
+        yield read
+
+
+def _line_start(read: ReadRange, cut: int, size: int) -> int:
     """The first line start at or after ``cut``: 0, ``size``, or just past a newline at >= cut - 1."""
     if cut <= 0 or cut >= size:
         return min(max(cut, 0), size)
-    f.seek(cut - 1)
     position = cut - 1
     while position < size:
-        block = f.read(_SCAN_BYTES)
+        block = read(position, min(position + _SCAN_BYTES, size))
         if not block:
             break
         newline = block.find(b"\n")
@@ -203,7 +242,7 @@ def _line_start(f, cut: int, size: int) -> int:
 
 def _check_not_shrunk(source: Source) -> None:
     """A file must still hold the bytes planned for it, or the ranks' shares no longer tile it."""
-    now = source.fs.size(source.path)
+    now = current_size(source) if source.remote else source.fs.size(source.path)
     if now < source.size:
         raise OSError(
             f"{source.name} has {now:,} bytes but had {source.size:,} when the load was planned: it "
@@ -211,10 +250,9 @@ def _check_not_shrunk(source: Source) -> None:
         )
 
 
-def _read_exactly(f, count: int, source: Source) -> bytes:
-    data = f.read(count)
-    if len(data) != count:
-        raise OSError(
-            f"{source.name} shrank while being read: expected {count} more bytes, got {len(data)}"
-        )
+def _read_exactly(read: ReadRange, start: int, stop: int, source: Source) -> bytes:
+    data = read(start, stop)
+    if len(data) != stop - start:
+        raise OSError(f"{source.name} shrank while being read: expected {stop - start} more bytes "
+                      f"at byte {start:,}, got {len(data)}")
     return data

@@ -4,6 +4,10 @@ The order is the one given, with directories and globs expanded sorted and unord
 (a ``set`` of paths) sorted, so ranks given the same arguments list the same files in the same
 order. Whether they really do (another machine may see another directory) is checked by
 ``agreed_plan`` before a load reads anything.
+
+URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``...) go through fsspec with the
+``storage_options`` given (credentials, an endpoint); their listings are retried like every other
+request to an object store (``remote.py``), and they are named without their credentials.
 """
 
 from __future__ import annotations
@@ -12,45 +16,68 @@ import glob
 import os
 import posixpath
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
+from shardwise.files.credentials import hide, public_url, secrets_in
+from shardwise.files.remote import retried
+
 PathLike = str | os.PathLike[str]
 Paths = PathLike | Iterable[PathLike]
+StorageOptions = Mapping[str, Any]  # fsspec's keyword arguments for the URLs' filesystems
 
 
 @dataclass(frozen=True)
 class Source:
-    """One input file: its name as the user should see it, its size in bytes, its filesystem."""
+    """One input file: its name as the user should see it, its size in bytes, its filesystem.
+
+    ``secrets`` are the credentials its URL and storage options hold, hidden from any message.
+    """
 
     name: str
     size: int
     path: str = field(repr=False)
     fs: AbstractFileSystem = field(repr=False, compare=False)
+    secrets: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    @property
+    def remote(self) -> bool:
+        """Whether every read is a request to a server (an object store, HTTP), not a local file."""
+        return not isinstance(self.fs, LocalFileSystem)
 
     def open(self):
         """The file opened for binary reading."""
         return self.fs.open(self.path, "rb")
 
 
-def expand(paths: Paths) -> list[Source]:
+def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[Source]:
     """The files named by ``paths``, in the order given; directories, globs and sets expand sorted.
 
     Directories are walked recursively, following symlinked directories but walking each real
     directory once (so a symlink loop ends), and skipping names that start with ``.`` or ``_``
     (such as ``_SUCCESS`` markers and ``.crc`` files). A file named twice (directly, by a directory
-    or glob, or through a symlink) is an error, as its lines would be read twice.
+    or glob, or through a symlink) is an error, as its lines would be read twice. URLs are opened
+    with ``storage_options`` (fsspec's keyword arguments, such as ``key``, ``secret`` and
+    ``endpoint_url`` for ``s3://``).
 
     >>> expand([])
     Traceback (most recent call last):
     ...
     ValueError: no input paths given: pass at least one file, directory or glob
     """
+    if storage_options is None:
+        storage_options = {}
+    if not isinstance(storage_options, Mapping):
+        raise TypeError(
+            "storage_options must be a dict of fsspec options, such as {'endpoint_url': "
+            f"'http://127.0.0.1:9000'}} for s3:// URLs; got a {type(storage_options).__name__}")
     if isinstance(paths, (str, os.PathLike)):
         items = [paths]
     elif isinstance(paths, AbstractSet):  # iteration order may differ between processes
@@ -61,7 +88,7 @@ def expand(paths: Paths) -> list[Source]:
         raise ValueError("no input paths given: pass at least one file, directory or glob")
     sources: list[Source] = []
     for item in items:
-        sources.extend(_expand_one(os.fspath(item)))
+        sources.extend(_expand_one(os.fspath(item), storage_options))
     seen: dict[str, Source] = {}
     for source in sources:
         first = seen.setdefault(_identity(source), source)
@@ -75,35 +102,70 @@ def expand(paths: Paths) -> list[Source]:
     return sources
 
 
-def _expand_one(url: str) -> list[Source]:
-    fs, path = fsspec.core.url_to_fs(url)
-    local = isinstance(fs, LocalFileSystem)
-    root = path
-    if _is_glob(path):
-        root = fs._strip_protocol(_glob_prefix(url))
-        if local:  # fsspec's glob neither follows nor types symlinks: Python's glob does
-            found = {p: size for p in glob.glob(path, recursive=True)
-                     if (size := _local_size(p)) is not None}
-        else:
-            found = {p: info["size"] for p, info in fs.glob(path, detail=True).items()
-                     if info["type"] == "file"}
-        if not found:
-            raise FileNotFoundError(f"no input file matches the glob {url!r}")
-    elif fs.isdir(path):
-        found = _walk_local(path) if local else {
-            p: info["size"] for p, info in fs.find(path, detail=True).items()
-            if not _hidden(posixpath.relpath(p, path))
-        }
-        if not found:
-            raise FileNotFoundError(f"input directory {url!r} holds no files")
-    elif fs.isfile(path):
-        found = {path: fs.info(path)["size"]}
+def _expand_one(url: str, storage_options: StorageOptions) -> list[Source]:
+    secrets = secrets_in(url, storage_options)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    except ImportError as error:  # fsspec says which package serves the protocol
+        raise ValueError(f"cannot read {public_url(url)}: {hide(str(error), secrets)}") from None
+    if isinstance(fs, LocalFileSystem):
+        root, found = _expand_local(url, path)
     else:
-        raise FileNotFoundError(f"input file not found: {url!r} (check the path or URL)")
+        root, found = _expand_remote(url, fs, path, secrets)
     return [
-        Source(name=_display_name(url, fs, root, p), size=int(found[p]), path=p, fs=fs)
+        Source(name=_display_name(url, fs, root, p), size=int(found[p]), path=p, fs=fs,
+               secrets=secrets)
         for p in sorted(found)
     ]
+
+
+def _expand_local(url: str, path: str) -> tuple[str, dict[str, int]]:
+    """The folder names are relative to, and each file's size, for one local path or glob."""
+    if _is_glob(path):
+        # fsspec's glob neither follows nor types symlinks: Python's glob does
+        found = {p: size for p in glob.glob(path, recursive=True)
+                 if (size := _local_size(p)) is not None}
+        if not found:
+            raise FileNotFoundError(f"no input file matches the glob {url!r}")
+        return LocalFileSystem._strip_protocol(_glob_prefix(url)), found
+    if os.path.isdir(path):
+        found = _walk_local(path)
+        if not found:
+            raise FileNotFoundError(f"input directory {url!r} holds no files")
+        return path, found
+    if os.path.isfile(path):
+        return path, {path: os.path.getsize(path)}
+    raise FileNotFoundError(f"input file not found: {url!r} (check the path or URL)")
+
+
+def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
+                   secrets: frozenset[str]) -> tuple[str, dict[str, int]]:
+    """As ``_expand_local`` for a URL: one object, a prefix holding objects, or a glob."""
+    public = public_url(url)
+    ask = partial(retried, name=public, secrets=secrets)
+    # In an http(s) URL "?" starts the query (a presigned URL's signature), as fsspec reads it.
+    if _is_glob(path, "*[" if "http" in fs.protocol else "*?["):
+        listed = ask(lambda: fs.glob(path, detail=True), request="listing the objects it matches")
+        found = {p: info["size"] for p, info in listed.items() if info["type"] == "file"}
+        if not found:
+            raise FileNotFoundError(f"no input file matches the glob {public!r}")
+        return fs._strip_protocol(_glob_prefix(url)), found
+    try:
+        info = ask(lambda: fs.info(path), request="asking what it is")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"input file not found: {public!r} (check the path or URL)"
+                                ) from None
+    if info["type"] == "directory":
+        listed = ask(lambda: fs.find(path, detail=True), request="listing the objects under it")
+        found = {p: entry["size"] for p, entry in listed.items()
+                 if not _hidden(posixpath.relpath(p, path))}
+        if not found:
+            raise FileNotFoundError(f"input directory {public!r} holds no files")
+        return path, found
+    if info.get("size") is None:
+        raise ValueError(f"{public} has no known size (the server sent no Content-Length), so "
+                         "it cannot be split into byte ranges; serve it with its length")
+    return path, {path: info["size"]}
 
 
 def _walk_local(root: str) -> dict[str, int]:
@@ -170,14 +232,14 @@ def _display_name(url: str, fs: AbstractFileSystem, root: str, path: str) -> str
     user's spelling (``data/b.txt``, not an absolute path), so ranks started in different working
     directories name the same files alike."""
     if "://" in url:
-        return fs.unstrip_protocol(path)
+        return public_url(fs.unstrip_protocol(path))
     prefix = _glob_prefix(url) if _is_glob(url) else url
     return prefix if path == root else os.path.normpath(
         os.path.join(prefix, posixpath.relpath(path, root)))
 
 
-def _is_glob(path: str) -> bool:
-    return any(char in path for char in "*?[")
+def _is_glob(path: str, wildcards: str = "*?[") -> bool:
+    return any(char in path for char in wildcards)
 
 
 def _glob_prefix(pattern: str) -> str:

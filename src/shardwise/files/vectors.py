@@ -11,7 +11,7 @@ import numpy as np
 from shardwise.files.load import LoadStats, load_records
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
-from shardwise.files.sources import Paths
+from shardwise.files.sources import Paths, StorageOptions
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,6 +34,7 @@ def load_vectors(
     parser: LineParser | None = None,
     on_error: str = "raise",
     features: int | None = None,
+    storage_options: StorageOptions | None = None,
     **pipeline,
 ) -> Vectors:
     """The vectors whose ids this rank owns (ids hashed over the ranks).
@@ -50,7 +51,8 @@ def load_vectors(
     ([1001, 1002], [[0.1, 0.2], [0.3, 0.4]])
     """
     records, stats = load_records(
-        paths, lambda: Format("fvec", delimiter, ids, parser, on_error, features), **pipeline)
+        paths, lambda: Format("fvec", delimiter, ids, parser, on_error, features),
+        storage_options=storage_options, **pipeline)
     started = time.perf_counter()
     order = np.argsort(records["id"], kind="stable")
     vectors = Vectors(records["id"][order], records["values"][order])

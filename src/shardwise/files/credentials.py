@@ -1,0 +1,96 @@
+"""Keep credentials out of every message: what storage options and URLs carry may be secret.
+
+An object store's error may quote the request's URL (a presigned query string, a password) or an
+option's value. So shardwise names a remote file by its public URL (password and query values
+shown as ``***``), and before it words an error that quotes a filesystem's own message it
+replaces every secret it was given with ``***``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, quote, quote_plus, urlsplit, urlunsplit
+
+HIDDEN = "***"
+# Option names whose values are credentials (s3fs key/secret/token, adlfs account_key/sas_token/
+# connection_string, gcsfs token, an Authorization header...), matched anywhere in the name.
+_SECRET_NAME = re.compile(r"key|secret|token|passw|credential|auth|signature|sas|cookie|session",
+                          re.IGNORECASE)
+_NAMED_PART = re.compile(r"([^;&=\s]+)=([^;&\s]+)")  # NAME=value inside a connection string
+# Shorter values would blank out ordinary words in messages, and protect nothing anyway.
+_SHORTEST_SECRET = 4
+
+
+def public_url(url: str) -> str:
+    """``url`` as it may be shown: its password and the values of its query shown as ``***``.
+
+    >>> public_url("https://me:pw@host/a.csv?X-Amz-Signature=abc&v=1")
+    'https://me:***@host/a.csv?X-Amz-Signature=***&v=***'
+    >>> public_url("s3://bucket/a.csv"), public_url("data/a.csv")
+    ('s3://bucket/a.csv', 'data/a.csv')
+    """
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, host = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}:{HIDDEN}@{host}"
+    query = "&".join(f"{name}={HIDDEN}" if equals else name
+                     for name, equals, _ in (item.partition("=") for item in parts.query.split("&"))
+                     ) if parts.query else ""
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def secrets_in(url: str, storage_options: Mapping[str, Any]) -> frozenset[str]:
+    """The secret values ``url`` and ``storage_options`` hold.
+
+    A URL's password and query values; every value, at any depth, of an option whose name reads
+    like a credential (``key``, ``secret``, ``token``, ``password``, ``account_key``, a header
+    ``Authorization``...); and each ``NAME=value`` part of any option whose ``NAME`` does (an
+    Azure connection string's ``AccountKey=...``).
+
+    >>> sorted(secrets_in("https://host/a?sig=s1gn", {"key": "k3y1", "client_kwargs": {
+    ...     "endpoint_url": "http://127.0.0.1:9000", "aws_secret_access_key": "s3cr3t"}}))
+    ['k3y1', 's1gn', 's3cr3t']
+    """
+    found: set[str] = set()
+    if "://" in url:
+        parts = urlsplit(url)
+        found.update(value for _, value in parse_qsl(parts.query))
+        found.update(item.partition("=")[2] for item in parts.query.split("&"))  # as written
+        if parts.password is not None:
+            found.add(parts.password)
+
+    def visit(name: str, value: Any, secret: bool) -> None:
+        secret = secret or bool(_SECRET_NAME.search(name))
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                visit(str(key), item, secret)
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            for item in value:
+                visit(name, item, secret)
+        elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            if secret:
+                found.add(str(value))
+            if isinstance(value, str):
+                found.update(part for key, part in _NAMED_PART.findall(value)
+                             if _SECRET_NAME.search(key))
+
+    visit("", storage_options, False)
+    return frozenset(value for value in found if len(value) >= _SHORTEST_SECRET)
+
+
+def hide(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each secret, as given or URL-quoted, replaced by ``***``.
+
+    >>> hide("403 for https://host/a?sig=ab%2Fc%3D", {"ab/c="})
+    '403 for https://host/a?sig=***'
+    """
+    # Longest first: a secret that holds a shorter one is hidden whole.
+    for secret in sorted(secrets, key=len, reverse=True):
+        for spelling in {secret, quote(secret, safe=""), quote_plus(secret, safe="")}:
+            text = text.replace(spelling, HIDDEN)
+    return text
