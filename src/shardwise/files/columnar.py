@@ -7,6 +7,10 @@ first byte, counted over all the inputs, falls in ``[T*r//W, T*(r+1)//W)``), so 
 read by exactly one rank. With fewer units than ranks that would leave ranks idle, so the rows
 are split instead: rank ``r`` reads rows ``[R*r//W, R*(r+1)//W)`` of the ``R`` rows, slicing them
 out of the units that hold them.
+
+URLs (``s3://``, ``gs://``...) are opened with ``storage_options``, as by the text loader: every
+request (a listing, a footer, a column chunk) is retried on transient errors and names the object
+without its credentials (``remote.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from rich.table import Table
 from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.files.ids import string_ids
-from shardwise.files.sources import Paths, Source, expand
+from shardwise.files.sources import Paths, Source, StorageOptions, expand
 from shardwise.mix import mix_ints
 
 SUFFIXES = {".parquet": "parquet", ".parq": "parquet", ".pq": "parquet",
@@ -69,6 +73,12 @@ class TablePlan:
     sources: tuple[Source, ...]
     units: tuple[Unit, ...]
     world_size: int
+
+    @classmethod
+    def of(cls, sources: Sequence[Source], world_size: int) -> TablePlan:
+        """The plan of files already listed: reads each one's footer for its row groups."""
+        world_size = require_int("world_size", world_size, minimum=1)
+        return cls(tuple(sources), tuple(u for s in sources for u in _units(s)), world_size)
 
     @property
     def by_rows(self) -> bool:
@@ -142,11 +152,15 @@ class TablePlan:
         return buffer.getvalue()
 
 
-def table_plan(paths: Paths, world_size: int) -> TablePlan:
-    """Plan how ``world_size`` ranks split the row groups of columnar ``paths``."""
+def table_plan(paths: Paths, world_size: int, *,
+               storage_options: StorageOptions | None = None) -> TablePlan:
+    """Plan how ``world_size`` ranks split the row groups of columnar ``paths``.
+
+    URLs are opened with ``storage_options`` (fsspec's, such as ``{"endpoint_url": ...}`` for
+    ``s3://``).
+    """
     world_size = require_int("world_size", world_size, minimum=1)
-    sources = tuple(expand(paths))
-    return TablePlan(sources, tuple(u for s in sources for u in _units(s)), world_size)
+    return TablePlan.of(expand(paths, storage_options), world_size)
 
 
 def read_table(
@@ -155,11 +169,14 @@ def read_table(
     world_size: int | None = None,
     *,
     columns: Sequence[str] | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> pa.Table:
     """This rank's rows of Parquet or Arrow IPC ``paths``, as one table; no exchange.
 
     ``rank`` / ``world_size`` default to the process group (or ``RANK`` / ``WORLD_SIZE``).
-    Every row of the inputs is in exactly one rank's table, in the inputs' order.
+    Every row of the inputs is in exactly one rank's table, in the inputs' order. URLs are
+    opened with ``storage_options``; each rank requests only its own row groups' bytes (and the
+    footers).
 
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -173,7 +190,7 @@ def read_table(
         plan = paths if paths.world_size == world_size else TablePlan(paths.sources,
                                                                        paths.units, world_size)
     else:
-        plan = table_plan(paths, world_size)
+        plan = table_plan(paths, world_size, storage_options=storage_options)
     pieces = [read_unit(unit, first, end, columns) for unit, first, end in plan.share(rank)]
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
         return _schema(plan.sources[0], columns).empty_table()

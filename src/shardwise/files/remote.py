@@ -9,12 +9,15 @@ raises a built-in exception that names the object, the request (the byte range) 
 with every credential hidden. These tries come on top of any the filesystem makes itself (s3fs
 and botocore retry some errors a few times on their own).
 
-``read_ahead`` runs a rank's reading in a background thread one chunk ahead of the parser, so the
-next range is on its way while this one is parsed.
+``RetriedFile`` is a remote object as a seekable binary file whose every read is such a request,
+for readers that want a file (pyarrow's Parquet and Arrow IPC readers). ``read_ahead`` runs a
+rank's reading in a background thread one chunk ahead of the parser, so the next range is on its
+way while this one is parsed.
 """
 
 from __future__ import annotations
 
+import io
 import queue
 import random
 import threading
@@ -111,6 +114,52 @@ def current_size(source: Source) -> int:
     source.fs.invalidate_cache(source.path)
     return retried(lambda: source.fs.size(source.path), name=source.name,
                    request="asking its size", secrets=source.secrets)
+
+
+class RetriedFile(io.RawIOBase):
+    """A remote ``source`` as a seekable binary file: each read is one retried range request.
+
+    Its end is the size planned for the source (bytes appended since are not read). Reads are not
+    buffered: wrap it in ``io.BufferedReader`` for many small reads (``Source.open`` does).
+    """
+
+    def __init__(self, source: Source) -> None:
+        super().__init__()
+        self.source = source
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.source.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.source.name}: cannot seek to byte {base + offset} (< 0)")
+        self.position = base + offset
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        stop = min(self.position + len(buffer), self.source.size)
+        if stop <= self.position:
+            return 0
+        data = read_range(self.source, self.position, stop)
+        memoryview(buffer).cast("B")[: len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+    def readall(self) -> bytes:
+        """The rest in one request (``RawIOBase`` would make one per 8 KiB)."""
+        if self.position >= self.source.size:
+            return b""
+        data = read_range(self.source, self.position, self.source.size)
+        self.position += len(data)
+        return data
 
 
 def is_transient(error: BaseException) -> bool:

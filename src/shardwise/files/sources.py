@@ -13,6 +13,7 @@ request to an object store (``remote.py``), and they are named without their cre
 from __future__ import annotations
 
 import glob
+import io
 import os
 import posixpath
 import stat
@@ -27,11 +28,19 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
 from shardwise.files.credentials import hide, public_url, secrets_in
-from shardwise.files.remote import retried
+from shardwise.files.remote import RetriedFile, retried
 
 PathLike = str | os.PathLike[str]
 Paths = PathLike | Iterable[PathLike]
 StorageOptions = Mapping[str, Any]  # fsspec's keyword arguments for the URLs' filesystems
+# A remote file's reads are range requests: small reads (a line, a footer) are served from one
+# request of this many bytes; pyarrow's large reads (a column chunk) go straight through.
+_REMOTE_BUFFER_BYTES = 256 * 2**10
+# This process's copies of remote filesystems planned in a parent process (Source.fs); equal
+# filesystems (the same class and options) share one. A forked child starts afresh.
+_REMADE: dict[AbstractFileSystem, AbstractFileSystem] = {}
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_REMADE.clear)
 
 
 @dataclass(frozen=True)
@@ -39,21 +48,40 @@ class Source:
     """One input file: its name as the user should see it, its size in bytes, its filesystem.
 
     ``secrets`` are the credentials its URL and storage options hold, hidden from any message.
+    ``planned_fs`` is the filesystem it was listed with, in process ``planned_in``; use ``fs``.
     """
 
     name: str
     size: int
     path: str = field(repr=False)
-    fs: AbstractFileSystem = field(repr=False, compare=False)
+    planned_fs: AbstractFileSystem = field(repr=False, compare=False)
     secrets: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    planned_in: int = field(default_factory=os.getpid, repr=False, compare=False)
+
+    @property
+    def fs(self) -> AbstractFileSystem:
+        """The filesystem, usable in this process.
+
+        In another process (a DataLoader worker forked after planning) a remote one is made again
+        from its options: fsspec's async filesystems (s3fs, http) refuse to run after a fork.
+        """
+        if self.planned_in == os.getpid() or not self.remote:
+            return self.planned_fs
+        fs = self.planned_fs
+        remade = _REMADE.get(fs)
+        if remade is None:
+            remade = _REMADE[fs] = type(fs)(*fs.storage_args, **fs.storage_options)
+        return remade
 
     @property
     def remote(self) -> bool:
         """Whether every read is a request to a server (an object store, HTTP), not a local file."""
-        return not isinstance(self.fs, LocalFileSystem)
+        return not isinstance(self.planned_fs, LocalFileSystem)
 
-    def open(self):
-        """The file opened for binary reading."""
+    def open(self) -> io.BufferedIOBase:
+        """The file opened for binary reading; a remote one reads by retried range requests."""
+        if self.remote:
+            return io.BufferedReader(RetriedFile(self), buffer_size=_REMOTE_BUFFER_BYTES)
         return self.fs.open(self.path, "rb")
 
 
@@ -113,7 +141,7 @@ def _expand_one(url: str, storage_options: StorageOptions) -> list[Source]:
     else:
         root, found = _expand_remote(url, fs, path, secrets)
     return [
-        Source(name=_display_name(url, fs, root, p), size=int(found[p]), path=p, fs=fs,
+        Source(name=_display_name(url, fs, root, p), size=int(found[p]), path=p, planned_fs=fs,
                secrets=secrets)
         for p in sorted(found)
     ]
