@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from shardwise.cli import main
-from shardwise.cli.load import storage_option
+from shardwise.cli.storage import storage_option
 from shardwise.files import plan
 from shardwise.files.credentials import HIDDEN, hide, public_url, secrets_in
 

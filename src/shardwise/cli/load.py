@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
+from shardwise.cli.storage import add_storage_option, storage_options
 from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
 from shardwise.distributed.launch import process_group_from_env, spawn_local
 from shardwise.distributed.world import gather_objects, group_world
@@ -54,40 +54,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "it and go on (skip) (default: raise)")
     parser.add_argument("--save", type=Path, default=None,
                         help="write each rank's partition to this folder as .npz")
-    parser.add_argument(
-        "--storage-option", metavar="KEY=VALUE", type=storage_option, action="append",
-        default=[], dest="storage_options",
-        help="an fsspec option for URLs (s3://, gs://, az://, http(s)://), such as "
-             "endpoint_url=http://127.0.0.1:9000 or anon=true; repeat it for each option. VALUE "
-             "is read as JSON where it is JSON (true, 8, {\"region_name\": \"eu-west-1\"}), else "
-             "as text. Credentials are best left to the environment (AWS_ACCESS_KEY_ID...)",
-    )
+    add_storage_option(parser)
     return parser
-
-
-def storage_option(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` as a pair, VALUE read as JSON where it is JSON, else kept as text.
-
-    Errors never repeat the text: it may be a secret.
-
-    >>> storage_option("anon=true"), storage_option("endpoint_url=http://127.0.0.1:9000")
-    (('anon', True), ('endpoint_url', 'http://127.0.0.1:9000'))
-    """
-    key, equals, value = text.partition("=")
-    if not (equals and key.strip()):
-        raise argparse.ArgumentTypeError(
-            "expected KEY=VALUE, such as endpoint_url=http://127.0.0.1:9000 (the value given is "
-            "not repeated here, as it may be a credential)")
-    try:
-        return key.strip(), json.loads(value)
-    except json.JSONDecodeError:
-        return key.strip(), value
 
 
 def run(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in
                ("paths", "pattern", "kind", "delimiter", "ids", "on_error", "save")}
-    options["storage_options"] = _storage_options(args.storage_options)
+    options["storage_options"] = storage_options(args.storage_options)
     if args.nproc is None:
         with process_group_from_env():
             report = load_rank(options)
@@ -100,15 +74,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
     _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
     return 0
-
-
-def _storage_options(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    twice = sorted({key for key in keys if keys.count(key) > 1})
-    if twice:
-        raise ValueError(f"--storage-option {', '.join(twice)} is given more than once: give "
-                         "each option once")
-    return dict(pairs)
 
 
 def load_rank(options: dict) -> list[LoadStats]:

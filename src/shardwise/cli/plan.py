@@ -6,6 +6,9 @@ of 10**12 samples over 1024 ranks takes as long as one of 7 over 3.
 
     shardwise plan --no-shuffle --epochs 1
     shardwise plan --size 1000000000000 --world-size 1024 --permutation feistel
+
+Given files (``shardwise plan data/ --world-size 4``), it shows how the ranks split them instead
+(``plan_files.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from shardwise.cli import plan_files
 from shardwise.cli.picture import render_html, render_svg
+from shardwise.cli.storage import add_storage_option
 from shardwise.order import PERMUTATIONS
 from shardwise.samplers import DistributedSampler
 from shardwise.samplers.distributed import TORCH_ORDER_WARN_SIZE
@@ -32,7 +37,9 @@ DESCRIPTION = (
     "Show which samples each rank gets in each batch of each epoch; * marks a padding repeat. "
     "The defaults are the 7-sample, 3-rank example: batch size 2, two shuffled epochs, torch's "
     "padding. Large plans show the first and last batches of the first and last ranks, with "
-    "every rank's count, the padding repeats and the dropped samples."
+    "every rank's count, the padding repeats and the dropped samples. Given files, it shows how "
+    "--world-size ranks split them instead: the byte range of each rank in text files, its row "
+    "groups in Parquet or Arrow IPC files."
 )
 MAX_SIZE = 2**63 - 1  # sample indices are int64
 _BATCH_EDGE = 4  # a longer batch shows its first and last 4 samples
@@ -67,6 +74,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "plan", help="show which samples each rank gets per batch and epoch",
         description=DESCRIPTION,
     )
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="files, directories, globs or fsspec URLs: plan how the ranks split "
+                             "them (only --world-size, --format table|json and --storage-option "
+                             "apply)")
     parser.add_argument("--size", type=int, default=7, help="number of samples (default 7)")
     parser.add_argument("--world-size", type=int, default=3, help="number of ranks (default 3)")
     parser.add_argument("--batch-size", type=int, default=2, help="per-rank batch (default 2)")
@@ -92,10 +103,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "(default 12, 6 in a picture; fewer where the terminal is narrow)")
     parser.add_argument("--max-ranks", type=int, default=8,
                         help="ranks shown: the first and the last ones (default 8)")
+    add_storage_option(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.paths:
+        return plan_files.run(args)
+    if args.storage_options:
+        raise ValueError("--storage-option is for the files given as PATH: name some")
     if args.max_batches is None:
         args.max_batches = 6 if args.format in ("svg", "html") else 12
     _check(args)

@@ -1,0 +1,67 @@
+"""``shardwise plan PATHS...``: how the ranks split input files, before a load reads a byte.
+
+Text files: each rank's byte range (``shardwise.files.plan``); Parquet and Arrow IPC files: each
+rank's row groups (``shardwise.files.table_plan``). URLs are listed with ``--storage-option``;
+files are named without credentials.
+
+    shardwise plan data/edges/ --world-size 4
+    shardwise plan s3://bucket/table/ --storage-option endpoint_url=http://127.0.0.1:9000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from shardwise.cli.storage import storage_options
+from shardwise.files.columnar import TablePlan, columnar_format
+from shardwise.files.plan import Plan
+from shardwise.files.sources import expand
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.world_size < 1:
+        raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
+    if args.format not in ("table", "json"):
+        raise ValueError(f"--format {args.format} pictures a sampler's batches; a plan of files "
+                         "is shown as a table or as JSON")
+    the_plan = file_plan(args.paths, args.world_size, storage_options(args.storage_options))
+    if args.format == "json":
+        print(json.dumps(as_json(the_plan)))
+    else:
+        print(the_plan, end="")  # its table, which ends its own line
+    return 0
+
+
+def file_plan(paths: list[str], world_size: int, options: dict[str, Any]) -> Plan | TablePlan:
+    """The byte plan of text files, or the row-group plan of columnar ones (not a mix)."""
+    sources = expand(paths, options)
+    columnar = [columnar_format(source.name) is not None for source in sources]
+    if all(columnar):
+        return TablePlan.of(sources, world_size)
+    if any(columnar):
+        table, text = (next(s.name for s, c in zip(sources, columnar) if c is kind)
+                       for kind in (True, False))
+        raise ValueError(f"the inputs mix columnar files ({table}) with text files ({text}): "
+                         "plan each kind on its own")
+    return Plan(tuple(sources), world_size)
+
+
+def as_json(the_plan: Plan | TablePlan) -> dict[str, Any]:
+    """The plan as plain data: the files, then each rank's byte ranges or row groups."""
+    files = [{"name": source.name, "size": source.size} for source in the_plan.sources]
+    if isinstance(the_plan, Plan):
+        ranks = [{"rank": rank, "bytes": the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0],
+                  "pieces": [{"file": p.source.name, "start": p.start, "stop": p.stop}
+                             for p in the_plan.pieces(rank)]}
+                 for rank in range(the_plan.world_size)]
+        return {"kind": "bytes", "world_size": the_plan.world_size,
+                "total_bytes": the_plan.total_bytes, "files": files, "ranks": ranks}
+    ranks = [{"rank": rank, "rows": sum(end - first for _, first, end in share),
+              "row_groups": [{"file": unit.source.name, "row_group": unit.index, "first": first,
+                              "end": end} for unit, first, end in share]}
+             for rank, share in enumerate(map(the_plan.share, range(the_plan.world_size)))]
+    return {"kind": "row groups", "world_size": the_plan.world_size,
+            "total_rows": the_plan.total_rows, "by_rows": the_plan.by_rows, "files": files,
+            "ranks": ranks}

@@ -1,0 +1,84 @@
+"""``shardwise plan PATHS``: how the ranks split files, local or in a bucket, credentials hidden."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shardwise.cli import main
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["plan", *args, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_text_files_are_split_by_bytes_across_files(tmp_path: Path, capsys) -> None:
+    (tmp_path / "a.csv").write_text("1,2\n" * 30)
+    (tmp_path / "b.csv").write_text("3,4\n" * 10)
+    plan = plan_json(capsys, str(tmp_path), "--world-size", "4")
+    assert (plan["kind"], plan["total_bytes"]) == ("bytes", 160)
+    assert [rank["bytes"] for rank in plan["ranks"]] == [40] * 4
+    assert plan["ranks"][2]["pieces"] == [
+        {"file": str(tmp_path / "a.csv"), "start": 80, "stop": 120}]
+    assert main(["plan", str(tmp_path), "--world-size", "4"]) == 0
+    table = capsys.readouterr().out
+    assert "2 files, 160 bytes, 4 ranks" in table and f"{tmp_path / 'b.csv'}@40" in table
+
+
+def test_parquet_files_are_split_by_row_groups(tmp_path: Path, capsys) -> None:
+    pq.write_table(pa.table({"id": range(100)}), tmp_path / "t.parquet", row_group_size=25)
+    plan = plan_json(capsys, str(tmp_path / "t.parquet"), "--world-size", "2")
+    assert (plan["kind"], plan["total_rows"], plan["by_rows"]) == ("row groups", 100, False)
+    shares = [[g["row_group"] for g in rank["row_groups"]] for rank in plan["ranks"]]
+    assert sum(shares, []) == [0, 1, 2, 3] and all(shares)  # whole groups, balanced by bytes
+    assert main(["plan", str(tmp_path), "--world-size", "2"]) == 0
+    assert "4 row groups, 100 rows, 2 ranks" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{folder}", "--world-size", "0"], "--world-size must be at least 1, got 0"),
+    (["{folder}", "--format", "svg"], "a plan of files is shown as a table or as JSON"),
+    (["{folder}"], "the inputs mix columnar files"),
+    (["--storage-option", "anon=true"], "--storage-option is for the files given as PATH"),
+])
+def test_bad_file_plans_are_named(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    (tmp_path / "a.csv").write_text("1,2\n")
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "b.parquet")
+    with pytest.raises(SystemExit) as exit_code:
+        main(["plan", *(arg.format(folder=tmp_path) for arg in args)])
+    assert exit_code.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_a_plan_of_a_bucket_never_shows_credentials(capsys) -> None:
+    store_module = pytest.importorskip("tests.files.object_store")
+    key, secret, token = store_module.KEY, store_module.SECRET, "SessionTokenNeverShown123"
+    with store_module.object_store() as store:
+        store.upload({"plan/a.csv": b"1,2\n" * 50, "plan/b.csv": b"3,4\n" * 20})
+        flags = [f"--storage-option=key={key}", f"--storage-option=secret={secret}",
+                 f"--storage-option=token={token}",
+                 f'--storage-option=client_kwargs={{"endpoint_url": "{store.url}"}}']
+        bucket = f"s3://{store_module.BUCKET}"
+        assert main(["plan", f"{bucket}/plan/", "--world-size", "3", *flags]) == 0
+        assert main(["plan", f"{bucket}/plan/", *flags, "--format", "json"]) == 0
+        presigned = store.http_url("plan/a.csv")  # its query holds the access key
+        assert main(["plan", presigned, "--world-size", "2"]) == 0
+        out = capsys.readouterr().out
+        assert f"{bucket}/plan/b.csv" in out and "Signature=***" in out
+        with pytest.raises(SystemExit) as exit_code:
+            main(["plan", f"{bucket}/plan/none.csv", *flags])
+        assert exit_code.value.code == 2
+        with pytest.raises(SystemExit) as exit_code:
+            main(["plan", presigned.replace("plan/a.csv", "plan/none.csv")])
+        assert exit_code.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.err.count("shardwise plan: error:") == 2
+    for text in (out, printed.out, printed.err):
+        for value in (key, secret, token):
+            assert value not in text and quote(value, safe="") not in text
