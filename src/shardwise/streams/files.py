@@ -3,7 +3,8 @@
 Give them to :func:`shard_iterable` as ``shards=``: with at least as many shards as consumers
 (ranks x DataLoader workers), each consumer reads whole files (or row groups) of its own, and a
 resume reopens the shard it was in. Local paths, directories, globs and fsspec URLs are accepted,
-as by the file loader.
+as by the file loader, with its ``storage_options``: an object in a bucket is read by retried
+range requests, a chunk ahead of the consumer, and named without credentials in any error.
 """
 
 from __future__ import annotations
@@ -15,21 +16,28 @@ from typing import Any
 import pyarrow as pa
 
 from shardwise.files.columnar import Unit, read_unit, table_plan
-from shardwise.files.sources import Paths, Source, expand
+from shardwise.files.plan import Plan
+from shardwise.files.read import chunk_lines, iter_chunks
+from shardwise.files.sources import Paths, Source, StorageOptions, expand
+
+# A consumer holds one chunk's decoded lines at a time (and one chunk of bytes ahead): smaller
+# than the loader's 16 MiB, as each DataLoader worker holds its own.
+_BLOCK_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True)
 class LineShard:
-    """The lines of one text file, decoded as UTF-8, without their terminators."""
+    """The lines of one text file, decoded as UTF-8, without their terminators.
+
+    Read in line-aligned chunks as the file loader reads them (``iter_chunks``): a remote object
+    by retried range requests, the next chunk requested while this one's lines are consumed.
+    """
 
     source: Source
 
     def __iter__(self) -> Iterator[str]:
-        with self.source.open() as handle:
-            for raw in handle:
-                line = raw.decode("utf-8")
-                line = line[:-1] if line.endswith("\n") else line
-                yield line[:-1] if line.endswith("\r") else line
+        for chunk in iter_chunks(Plan((self.source,), 1), 0, 1, block_bytes=_BLOCK_BYTES):
+            yield from chunk_lines(chunk)
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,8 @@ class RowGroupShard:
         yield from table.to_pylist()
 
 
-def line_shards(paths: Paths) -> list[LineShard]:
-    """One shard per text file of ``paths``.
+def line_shards(paths: Paths, storage_options: StorageOptions | None = None) -> list[LineShard]:
+    """One shard per text file of ``paths``; URLs are opened with ``storage_options``.
 
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -53,10 +61,19 @@ def line_shards(paths: Paths) -> list[LineShard]:
     >>> [list(shard) for shard in line_shards(folder)]
     [['one', 'two'], ['three']]
     """
-    return [LineShard(source) for source in expand(paths)]
+    return [LineShard(source) for source in expand(paths, storage_options)]
 
 
-def row_group_shards(paths: Paths, columns: Sequence[str] | None = None) -> list[RowGroupShard]:
-    """One shard per row group of the Parquet (or Arrow IPC) files of ``paths``."""
+def row_group_shards(paths: Paths, columns: Sequence[str] | None = None,
+                     storage_options: StorageOptions | None = None) -> list[RowGroupShard]:
+    """One shard per row group of the Parquet (or Arrow IPC) files of ``paths``.
+
+    >>> import tempfile, pathlib, pyarrow.parquet as pq
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> pq.write_table(pa.table({"x": range(5)}), folder / "t.parquet", row_group_size=2)
+    >>> [[row["x"] for row in shard] for shard in row_group_shards(folder)]
+    [[0, 1], [2, 3], [4]]
+    """
     chosen = tuple(columns) if columns is not None else None
-    return [RowGroupShard(unit, chosen) for unit in table_plan(paths, 1).units]
+    return [RowGroupShard(unit, chosen)
+            for unit in table_plan(paths, 1, storage_options=storage_options).units]
