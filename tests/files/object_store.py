@@ -14,6 +14,7 @@ import socketserver
 import struct
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,6 +131,9 @@ def object_store() -> Iterator[ObjectStore]:
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     store = ObjectStore(f"http://127.0.0.1:{server.server_port}",
                         f"http://127.0.0.1:{proxy.server_address[1]}", proxy.faults)
+    # moto keeps its buckets in the process, across servers: each store starts empty.
+    urllib.request.urlopen(urllib.request.Request(f"{store.endpoint}/moto-api/reset",
+                                                  method="POST")).close()
     store.writer().mkdir(BUCKET)
     try:
         yield store
