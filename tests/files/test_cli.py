@@ -103,3 +103,31 @@ def test_the_report_shows_plain_numbers_and_flag_hints(
     out = capsys.readouterr().out
     assert "skipped" in out and "np." not in out and "int64" not in out
     assert "pass --ids str" in out and "ids='str'" not in out
+
+
+@pytest.mark.timeout(120)
+def test_load_of_parquet_columns_shows_row_groups_per_rank_and_saves_every_edge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    rows = [(i % 11, i * 5, i / 4) for i in range(600)]
+    (tmp_path / "in").mkdir()
+    for number in range(3):
+        part = rows[number * 200:(number + 1) * 200]
+        pq.write_table(pa.table({"a": [r[0] for r in part], "b": [r[1] for r in part],
+                                 "w": [r[2] for r in part]}),
+                       tmp_path / "in" / f"part-{number}.parquet", row_group_size=50)
+    assert main(["load", str(tmp_path / "in"), "--columns", "a,b,w", "--nproc", "2",
+                 "--save", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if "rank" in line and "rows" in line)
+    assert "row groups" in header and "lines" not in header
+    union: Counter = Counter()
+    for path in sorted((tmp_path / "out").glob("*.npz")):
+        with np.load(path) as part:
+            src = np.repeat(part["row_ids"], np.diff(part["indptr"]))
+            union.update(zip(src.tolist(), part["dst"].tolist(), part["weight"].tolist()))
+    assert union == Counter(rows)
+    with pytest.raises(SystemExit, match="2"):  # no columns named: a one-line hint
+        main(["load", str(tmp_path / "in")])
+    assert "--columns src,dst or --columns src,dst,weight" in capsys.readouterr().err

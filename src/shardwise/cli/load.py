@@ -29,9 +29,10 @@ from shardwise.files.read import chunk_lines, iter_chunks
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
-        "load", help="load text files in parallel into per-rank graphs, matrices or vectors",
-        description="Split the files' bytes over the ranks, parse by pattern, send each record to "
-                    "its owner, and print what every rank did.",
+        "load", help="load files in parallel into per-rank graphs, matrices or vectors",
+        description="Split the files' bytes over the ranks (or the row groups of Parquet and "
+                    "Arrow IPC files), parse by pattern, send each record to its owner, and print "
+                    "what every rank did.",
     )
     parser.add_argument("paths", nargs="+", help="files, directories, globs or fsspec URLs")
     parser.add_argument(
@@ -52,6 +53,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--on-error", default="raise", choices=("raise", "skip"),
                         help="on a malformed line, stop naming its file and line (raise) or count "
                              "it and go on (skip) (default: raise)")
+    parser.add_argument(
+        "--columns", type=_column_names, default=None, metavar="NAMES",
+        help="for Parquet and Arrow IPC inputs, the columns to read, comma-separated: "
+             "src,dst[,weight] for edges, id,values (a list column) or id,f1,...,fk for fvec")
     parser.add_argument("--save", type=Path, default=None,
                         help="write each rank's partition to this folder as .npz")
     add_storage_option(parser)
@@ -60,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in
-               ("paths", "pattern", "kind", "delimiter", "ids", "on_error", "save")}
+               ("paths", "pattern", "kind", "delimiter", "ids", "on_error", "save", "columns")}
     options["storage_options"] = storage_options(args.storage_options)
     if args.nproc is None:
         with process_group_from_env():
@@ -98,9 +103,13 @@ def _load_rank(options: dict) -> list[LoadStats]:
 
 
 def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
-    parse = {key: options[key] for key in ("delimiter", "ids", "on_error", "storage_options")}
+    parse = {key: options[key]
+             for key in ("delimiter", "ids", "on_error", "storage_options", "columns")}
     pattern, kind = options["pattern"], options["kind"]
     if pattern == "linesplit":
+        if options["columns"] is not None:
+            raise ValueError("--columns reads Parquet or Arrow IPC columns into records; "
+                             "--pattern linesplit reads raw text lines: drop one of them")
         return _load_lines(options["paths"], options["storage_options"])
     if pattern == "fvec":
         vectors = load_vectors(options["paths"], progress=progress, **parse)
@@ -128,14 +137,24 @@ def _load_lines(paths: list[str], storage_options: dict[str, Any]
     return stats, {"lines": np.array(lines, dtype=str)}
 
 
+def _column_names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
+    return names
+
+
 def _print_report(stats: list[LoadStats]) -> None:
     table = Table(title=f"shardwise load: {len(stats)} rank(s)")
     stages = list(dict.fromkeys(stage for s in stats for stage in s.seconds))
-    for column in ("rank", "bytes read", "lines", "parsed", "owned", "skipped",
+    columnar = any(s.row_groups for s in stats)  # rows of row groups, not lines of text
+    units = ("row groups", "rows") if columnar else ("lines",)
+    for column in ("rank", "bytes read", *units, "parsed", "owned", "skipped",
                    *(f"{stage} s" for stage in stages), "total s", "MB/s"):
         table.add_column(column, justify="right")
     for s in stats:
-        table.add_row(str(s.rank), f"{s.bytes_read:,}", f"{s.lines:,}", f"{s.records_read:,}",
+        counts = (f"{s.row_groups:,}", f"{s.lines:,}") if columnar else (f"{s.lines:,}",)
+        table.add_row(str(s.rank), f"{s.bytes_read:,}", *counts, f"{s.records_read:,}",
                       f"{s.records_owned:,}", f"{s.skipped:,}",
                       *(f"{s.seconds.get(stage, 0.0):.2f}" for stage in stages),
                       f"{s.total_seconds:.2f}", f"{s.bytes_read / 1e6 / max(s.total_seconds, 1e-9):.1f}")

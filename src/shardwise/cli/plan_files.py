@@ -15,9 +15,8 @@ import json
 from typing import Any
 
 from shardwise.cli.storage import storage_options
-from shardwise.files.columnar import TablePlan, columnar_format
-from shardwise.files.plan import Plan
-from shardwise.files.sources import expand
+from shardwise.files.columnar import TablePlan
+from shardwise.files.plan import Plan, input_plan
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,26 +25,13 @@ def run(args: argparse.Namespace) -> int:
     if args.format not in ("table", "json"):
         raise ValueError(f"--format {args.format} pictures a sampler's batches; a plan of files "
                          "is shown as a table or as JSON")
-    the_plan = file_plan(args.paths, args.world_size, storage_options(args.storage_options))
+    the_plan = input_plan(args.paths, args.world_size,
+                          storage_options=storage_options(args.storage_options))
     if args.format == "json":
         print(json.dumps(as_json(the_plan)))
     else:
         print(the_plan, end="")  # its table, which ends its own line
     return 0
-
-
-def file_plan(paths: list[str], world_size: int, options: dict[str, Any]) -> Plan | TablePlan:
-    """The byte plan of text files, or the row-group plan of columnar ones (not a mix)."""
-    sources = expand(paths, options)
-    columnar = [columnar_format(source.name) is not None for source in sources]
-    if all(columnar):
-        return TablePlan.of(sources, world_size)
-    if any(columnar):
-        table, text = (next(s.name for s, c in zip(sources, columnar) if c is kind)
-                       for kind in (True, False))
-        raise ValueError(f"the inputs mix columnar files ({table}) with text files ({text}): "
-                         "plan each kind on its own")
-    return Plan(tuple(sources), world_size)
 
 
 def as_json(the_plan: Plan | TablePlan) -> dict[str, Any]:

@@ -19,6 +19,7 @@ FLAGS = {
     "layout": "--layout",
 }
 _KEYWORD_VALUE = re.compile(rf"\b({'|'.join(FLAGS)})=(['\"])(.*?)\2")
+_COLUMNS = re.compile(r"\bcolumns=\(([^)]*)\)")  # columns=('src', 'dst') -> --columns src,dst
 
 
 def in_cli_words(message: str) -> str:
@@ -26,7 +27,11 @@ def in_cli_words(message: str) -> str:
 
     >>> in_cli_words("id 'x' is not an integer (pass ids='str' for string ids)")
     "id 'x' is not an integer (pass --ids str for string ids)"
+    >>> in_cli_words("name them: columns=('src', 'dst') or columns=('src', 'dst', 'weight')")
+    'name them: --columns src,dst or --columns src,dst,weight'
     """
+    message = _COLUMNS.sub(lambda m: "--columns " + ",".join(
+        name.strip(" '\"") for name in m.group(1).split(",")), message)
     return _KEYWORD_VALUE.sub(lambda m: f"{FLAGS[m.group(1)]} {m.group(3)}", message)
 
 

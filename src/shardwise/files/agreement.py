@@ -22,11 +22,13 @@ from shardwise.distributed.consistency import (
     name_ranks,
 )
 from shardwise.distributed.world import gather_objects, group_world
+from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan, plan
 from shardwise.files.sources import Paths, StorageOptions
 
 Listing = list[tuple[str, int]]  # (name, size) of each planned file, in plan order
 T = TypeVar("T")
+P = TypeVar("P", Plan, TablePlan)  # text files by bytes, columnar ones by row groups
 
 
 def agreed_plan(paths: Paths | Plan, *, storage_options: StorageOptions | None = None) -> Plan:
@@ -50,8 +52,8 @@ def agreed_plan(paths: Paths | Plan, *, storage_options: StorageOptions | None =
 
 
 def plan_together(
-    prepare: Callable[[int], tuple[Plan, T, Mapping[str, Any]]], *, caller: str
-) -> tuple[Plan, T]:
+    prepare: Callable[[int], tuple[P, T, Mapping[str, Any]]], *, caller: str
+) -> tuple[P, T]:
     """Run ``prepare(world_size)`` on every rank, in one collective: it checks arguments and plans,
     giving the plan, what else it prepared, and the settings every rank must share. Raise on every
     rank if it raised on any, if the settings differ, or if the plans do."""
@@ -105,7 +107,7 @@ def _first_difference(listing: Listing, ranks: str, usual: Listing, usual_ranks:
     return f"{listing[len(usual)][0]} is planned on {ranks} only {counts}"
 
 
-def _listing(the_plan: Plan) -> Listing:
+def _listing(the_plan: Plan | TablePlan) -> Listing:
     return [(source.name, source.size) for source in the_plan.sources]
 
 

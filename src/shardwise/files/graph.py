@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
@@ -12,6 +13,7 @@ import numpy as np
 from shardwise.files.load import LoadStats, load_records
 from shardwise.files.matrix import MatrixBlock
 from shardwise.files.patterns import Format, LineParser
+from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
 from shardwise.files.sources import Paths, StorageOptions
 
@@ -126,7 +128,7 @@ class Graph:
 
 
 def load_graph(
-    paths: Paths | Plan,
+    paths: Paths | Plan | TablePlan,
     pattern: str = "fmap",
     kind: Kind = "digraph",
     *,
@@ -135,13 +137,16 @@ def load_graph(
     parser: LineParser | None = None,
     on_error: str = "raise",
     storage_options: StorageOptions | None = None,
+    columns: Sequence[str] | None = None,
     **pipeline,
 ) -> Graph:
     """This rank's partition of the graph in ``paths``, over the current process group.
 
     ``pattern`` is ``fmap`` / ``smap`` / ``fsmap`` (``a,b[,w]`` lines) or ``fset`` (``a,b|w,c:w``);
-    it decides both the line format and which rank owns each edge. ``pipeline`` takes
-    ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
+    it decides both the line format and which rank owns each edge. Parquet or Arrow IPC inputs
+    are read by row groups, the edges taken from ``columns``: ``(src, dst)`` or
+    ``(src, dst, weight)``. ``pipeline`` takes ``block_bytes``, ``round_bytes`` and ``progress``
+    (see ``load_records``).
 
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "g.txt"
@@ -158,7 +163,7 @@ def load_graph(
         return Format(pattern, delimiter, ids, parser, on_error)
 
     records, stats = load_records(paths, edge_format, mirror=kind == "undirected",
-                                  storage_options=storage_options, **pipeline)
+                                  storage_options=storage_options, columns=columns, **pipeline)
     started = time.perf_counter()
     graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind)
     seconds = {**stats.seconds, "build": time.perf_counter() - started}

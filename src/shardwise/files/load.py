@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,18 +31,28 @@ from shardwise.files.patterns import (
     first_line_features,
     parse_chunk,
 )
-from shardwise.files.plan import Plan, plan
+from shardwise.files.columnar import TablePlan
+from shardwise.files.plan import Plan, input_plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
 from shardwise.files.records import edges, join
 from shardwise.files.route import route
 from shardwise.files.sources import Paths, StorageOptions
+from shardwise.files.tables import (
+    check_columns,
+    read_table_records,
+    stretch_bytes,
+    vector_features,
+)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes planned) on this rank
 
 
 @dataclass(frozen=True)
 class LoadStats:
-    """What one rank did: bytes and lines read, records parsed and owned, time per stage."""
+    """What one rank did: bytes and lines read, records parsed and owned, time per stage.
+
+    For columnar inputs, ``lines`` counts rows and ``bytes_read`` their compressed bytes.
+    """
 
     rank: int
     world_size: int
@@ -53,6 +63,7 @@ class LoadStats:
     skipped: int
     seconds: dict[str, float] = field(default_factory=dict)
     examples: tuple[BadLine, ...] = ()
+    row_groups: int = 0  # row groups (or stretches of one) read, for columnar inputs
 
     @property
     def total_seconds(self) -> float:
@@ -68,40 +79,70 @@ def read_records(
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     progress: Progress | None = None,
     storage_options: StorageOptions | None = None,
+    columns: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, LoadStats]:
-    """Parse this rank's share of the lines into records, before any exchange.
+    """Parse this rank's share of the lines (or rows) into records, before any exchange.
 
-    With ``on_error="skip"`` malformed lines are counted in the stats (and a warning names the
-    first few); with ``"raise"`` the first one raises ``ParseError`` naming its file and line.
-    No communication: it reads the share of ``rank`` of the plan it makes (or is given).
+    Text files are parsed by ``fmt``'s pattern; Parquet and Arrow IPC files give the records of
+    their ``columns`` (see ``tables.py``), each rank reading its own row groups. With
+    ``on_error="skip"`` malformed lines are counted in the stats (and a warning names the first
+    few); with ``"raise"`` the first one raises ``ParseError`` naming its file and line. No
+    communication: it reads the share of ``rank`` of the plan it makes (or is given).
     """
     world_size, rank = resolve_world(world_size, rank)
     started = time.perf_counter()
-    the_plan = plan(paths, world_size, storage_options=storage_options)
-    if fmt.pattern == "fvec" and fmt.features is None:  # the same on every rank
-        fmt = replace(fmt, features=first_line_features(leading_lines(the_plan), fmt))
-    planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
+    the_plan = input_plan(paths, world_size, storage_options=storage_options)
+    fmt, columns = _prepared(the_plan, fmt, columns)
+    if isinstance(the_plan, TablePlan):
+        parts = read_table_records(the_plan, rank, fmt, columns)
+        planned = sum(stretch_bytes(*stretch) for stretch in the_plan.share(rank))
+    else:
+        parts = ((parse_chunk(chunk, fmt), len(chunk.data)) for chunk in
+                 iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes))
+        planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
     builder = RecordBuilder(fmt.record_dtype())
-    bytes_read, lines, skipped, examples = 0, 0, 0, []
-    for chunk in iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes):
-        parsed = parse_chunk(chunk, fmt)
-        bytes_read += len(chunk.data)
+    bytes_read, lines, skipped, examples, row_groups = 0, 0, 0, [], 0
+    for parsed, size in parts:
+        bytes_read += size
         builder.append(parsed.columns, done=min(bytes_read / planned, 1.0) if planned else 1.0)
         lines += parsed.lines
         skipped += parsed.skipped
         examples.extend(parsed.examples[: MAX_EXAMPLES - len(examples)])
+        row_groups += isinstance(the_plan, TablePlan)
         if progress is not None:
             progress(min(bytes_read, planned), planned)
     records = builder.finish()
     if skipped:
         warnings.warn(
-            f"rank {rank} skipped {skipped} malformed line(s); the first: "
+            f"rank {rank} skipped {skipped} malformed "
+            f"{'row' if isinstance(the_plan, TablePlan) else 'line'}(s); the first: "
             + "; ".join(str(bad) for bad in examples[:3]),
             stacklevel=2,
         )
     stats = LoadStats(rank, world_size, bytes_read, lines, len(records), len(records), skipped,
-                      {"read+parse": time.perf_counter() - started}, tuple(examples))
+                      {"read+parse": time.perf_counter() - started}, tuple(examples), row_groups)
     return records, stats
+
+
+def _prepared(the_plan: Plan | TablePlan, fmt: Format, columns: Sequence[str] | None
+              ) -> tuple[Format, tuple[str, ...]]:
+    """``fmt`` with its fvec width found (the same on every rank), and ``columns`` checked."""
+    if isinstance(the_plan, Plan):
+        if columns is not None:
+            raise ValueError("columns= names the columns of Parquet or Arrow IPC inputs; text "
+                             "lines are read by pattern: drop columns=")
+        if fmt.pattern == "fvec" and fmt.features is None:
+            fmt = replace(fmt, features=first_line_features(leading_lines(the_plan), fmt))
+        return fmt, ()
+    if columns is None:
+        raise ValueError(f"name the columns to read from {the_plan.sources[0].name}: "
+                         + ("columns=('id', 'values') or columns=('id', 'f1', 'f2')"
+                            if fmt.pattern == "fvec" else
+                            "columns=('src', 'dst') or columns=('src', 'dst', 'weight')"))
+    columns = check_columns(columns, fmt)
+    if fmt.pattern == "fvec" and fmt.features is None:
+        fmt = replace(fmt, features=vector_features(the_plan, columns))
+    return fmt, columns
 
 
 def load_records(
@@ -113,8 +154,12 @@ def load_records(
     round_bytes: int = DEFAULT_ROUND_BYTES,
     progress: Progress | None = None,
     storage_options: StorageOptions | None = None,
+    columns: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, LoadStats]:
     """Read, parse and route: the records this rank owns, over the current process group.
+
+    Text inputs are split by bytes; Parquet and Arrow IPC inputs by row groups, their records
+    taken from ``columns`` (see ``read_records``).
 
     Every rank must call it together. ``mirror`` adds the reverse of every edge (self-loops once)
     before routing, for undirected graphs: each direction then lives with the owner of its own
@@ -131,18 +176,22 @@ def load_records(
             "torch.distributed.init_process_group() first (torchrun sets the environment for it)"
         )
 
-    def prepare(world: int) -> tuple[Plan, Format, dict[str, Any]]:
+    def prepare(world: int) -> tuple[Plan | TablePlan, tuple[Format, tuple[str, ...]],
+                                     dict[str, Any]]:
         """Check the arguments and plan, before any rank reads."""
         the_format = fmt() if callable(fmt) else fmt
         require_int("round_bytes", round_bytes, minimum=world)
         require_int("block_bytes", block_bytes, minimum=1)
-        settings = {**the_format.settings(), "mirror": mirror, "round_bytes": round_bytes}
-        return plan(paths, world, storage_options=storage_options), the_format, settings
+        the_plan = input_plan(paths, world, storage_options=storage_options)
+        the_format, names = _prepared(the_plan, the_format, columns)
+        settings = {**the_format.settings(), "mirror": mirror, "round_bytes": round_bytes,
+                    "columns": names}
+        return the_plan, (the_format, names), settings
 
-    the_plan, the_format = plan_together(prepare, caller="loading files")
+    the_plan, (the_format, names) = plan_together(prepare, caller="loading files")
     planned = time.perf_counter()
     records, stats = together(
-        lambda: _read(the_plan, the_format, rank, mirror, block_bytes, progress))
+        lambda: _read(the_plan, the_format, names, rank, mirror, block_bytes, progress))
     owned = records
     if world_size > 1:  # one rank owns everything: no owners to compute
         owned = route(records, owners(records, the_format.pattern, world_size), world_size,
@@ -154,10 +203,12 @@ def load_records(
     return owned, replace(stats, records_owned=len(owned), seconds=seconds)
 
 
-def _read(the_plan: Plan, fmt: Format, rank: int, mirror: bool, block_bytes: int,
-          progress: Progress | None) -> tuple[np.ndarray, LoadStats]:
+def _read(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, ...], rank: int,
+          mirror: bool, block_bytes: int, progress: Progress | None
+          ) -> tuple[np.ndarray, LoadStats]:
     records, stats = read_records(the_plan, fmt, rank, the_plan.world_size,
-                                  block_bytes=block_bytes, progress=progress)
+                                  block_bytes=block_bytes, progress=progress,
+                                  columns=columns or None)
     if mirror:
         kept = records[records["src"] != records["dst"]]
         records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])

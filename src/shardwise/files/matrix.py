@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -10,6 +11,7 @@ import scipy.sparse
 
 from shardwise.files.load import LoadStats, load_records
 from shardwise.files.patterns import Format, LineParser
+from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
 from shardwise.files.sources import Paths, StorageOptions
 
@@ -41,7 +43,7 @@ class MatrixBlock:
 
 
 def load_matrix(
-    paths: Paths | Plan,
+    paths: Paths | Plan | TablePlan,
     pattern: str = "fsmap",
     *,
     delimiter: str = ",",
@@ -49,13 +51,15 @@ def load_matrix(
     parser: LineParser | None = None,
     on_error: str = "raise",
     storage_options: StorageOptions | None = None,
+    columns: Sequence[str] | None = None,
     **pipeline,
 ) -> MatrixBlock:
     """This rank's block of the matrix in ``paths`` (``src,dst[,weight]`` lines).
 
     With ``fsmap`` rank ``r`` holds the rows hashing to ``r // npy`` and the columns hashing to
     ``r % npy`` of the ``grid(world_size)``; ``fmap`` / ``smap`` give whole rows / columns.
-    ``pipeline`` takes ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
+    Parquet or Arrow IPC inputs give their entries from ``columns``: ``(row, col)`` or
+    ``(row, col, value)``. ``pipeline`` takes ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
     """
 
     def entry_format() -> Format:  # checked inside the load: a bad argument fails every rank
@@ -63,7 +67,8 @@ def load_matrix(
             raise ValueError("pattern 'fvec' holds vectors, not matrix entries: use load_vectors()")
         return Format(pattern, delimiter, ids, parser, on_error)
 
-    records, stats = load_records(paths, entry_format, storage_options=storage_options, **pipeline)
+    records, stats = load_records(paths, entry_format, storage_options=storage_options,
+                                  columns=columns, **pipeline)
     started = time.perf_counter()
     block = MatrixBlock.from_records(records["src"], records["dst"], records["weight"])
     seconds = {**stats.seconds, "build": time.perf_counter() - started}

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardwise.checks import require_int
+from shardwise.files.columnar import TablePlan, columnar_format
 from shardwise.files.sources import Paths, Source, StorageOptions, expand
 
 
@@ -111,3 +112,32 @@ def plan(
     world_size = require_int("world_size", world_size, minimum=1)
     sources = paths.sources if isinstance(paths, Plan) else tuple(expand(paths, storage_options))
     return Plan(sources, world_size)
+
+
+def input_plan(
+    paths: Paths | Plan | TablePlan, world_size: int, *, storage_options: StorageOptions | None = None
+) -> Plan | TablePlan:
+    """The plan a load follows: text files split by bytes, columnar ones by row groups.
+
+    Parquet and Arrow IPC files (known by their suffix) are planned as a ``TablePlan``, anything
+    else as text; a mix of the two is an error naming one of each.
+
+    >>> import tempfile, pathlib
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
+    >>> _ = path.write_text("1,2\\n")
+    >>> type(input_plan(path, 2)).__name__
+    'Plan'
+    """
+    if isinstance(paths, (Plan, TablePlan)):
+        sources = paths.sources
+    else:
+        sources = tuple(expand(paths, storage_options))
+    columnar = [columnar_format(source.name) is not None for source in sources]
+    if all(columnar):
+        return TablePlan.of(sources, world_size)
+    if any(columnar):
+        table, text = (next(s.name for s, c in zip(sources, columnar) if c is kind)
+                       for kind in (True, False))
+        raise ValueError(f"the inputs mix columnar files ({table}) with text files ({text}): "
+                         "load each kind on its own")
+    return Plan(sources, require_int("world_size", world_size, minimum=1))

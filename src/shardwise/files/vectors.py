@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from shardwise.files.load import LoadStats, load_records
 from shardwise.files.patterns import Format, LineParser
+from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
 from shardwise.files.sources import Paths, StorageOptions
 
@@ -27,7 +28,7 @@ class Vectors:
 
 
 def load_vectors(
-    paths: Paths | Plan,
+    paths: Paths | Plan | TablePlan,
     *,
     delimiter: str = ",",
     ids: str = "int",
@@ -35,12 +36,15 @@ def load_vectors(
     on_error: str = "raise",
     features: int | None = None,
     storage_options: StorageOptions | None = None,
+    columns: Sequence[str] | None = None,
     **pipeline,
 ) -> Vectors:
     """The vectors whose ids this rank owns (ids hashed over the ranks).
 
     Every line needs ``features`` values, by default as many as the input's first line has; a
-    line with another number is malformed (``on_error`` decides). ``pipeline`` takes
+    line with another number is malformed (``on_error`` decides). Parquet or Arrow IPC inputs
+    give their vectors from ``columns``: ``(id, values)`` with ``values`` a list column, or
+    ``(id, f1, ..., fk)``, one value per column. ``pipeline`` takes
     ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
 
     >>> import tempfile, pathlib
@@ -52,7 +56,7 @@ def load_vectors(
     """
     records, stats = load_records(
         paths, lambda: Format("fvec", delimiter, ids, parser, on_error, features),
-        storage_options=storage_options, **pipeline)
+        storage_options=storage_options, columns=columns, **pipeline)
     started = time.perf_counter()
     order = np.argsort(records["id"], kind="stable")
     vectors = Vectors(records["id"][order], records["values"][order])

@@ -1,0 +1,216 @@
+"""Records from columnar inputs: named columns of Parquet / Arrow IPC row groups as edges or vectors.
+
+A text line is parsed by pattern; a row group already holds typed columns, so ``columns`` names
+the ones that hold what: ``(src, dst)`` or ``(src, dst, weight)`` for edges, ``(id, f1, ..., fk)``
+or ``(id, values)`` (one list column) for vectors. With ``ids="int"`` id columns must hold
+integers; with ``ids="str"`` they hold text (integers are read as their decimal text), hashed as
+the text loader hashes string ids, so the same id gets the same integer from either kind of input.
+
+A null in a named column, or a vector of the wrong length, is a bad row: ``on_error="raise"``
+raises ``ParseError`` naming its file and row (counted from 1 in the file, as lines are);
+``"skip"`` counts it and goes on. A column of the wrong type, or one the file lacks, is an error
+naming it whatever ``on_error`` says, as no row of that input can be right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shardwise.files.columnar import TablePlan, Unit, read_unit
+from shardwise.files.ids import check_distinct, hash_binary
+from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, ParseError, Parsed
+
+EDGE_PATTERNS = ("fmap", "smap", "fsmap")  # which rank owns an edge; fset is a text format
+
+
+def check_columns(columns: Sequence[str], fmt: Format) -> tuple[str, ...]:
+    """``columns`` as a tuple, checked to suit ``fmt`` before any file is read.
+
+    >>> check_columns(["src", "dst"], Format("fmap"))
+    ('src', 'dst')
+    >>> check_columns(["src"], Format("fmap"))
+    Traceback (most recent call last):
+    ...
+    ValueError: columns for edges are (src, dst) or (src, dst, weight), got ['src']: name 2 or 3 columns
+    """
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(f"columns must be a sequence of column names, got {columns!r}")
+    columns = tuple(columns)
+    if fmt.parser is not None:
+        raise ValueError("parser= reads text lines; columnar inputs have typed columns: drop it")
+    if fmt.pattern == "fvec":
+        if len(columns) < 2:
+            raise ValueError(f"columns for vectors are (id, values) or (id, f1, ..., fk), got "
+                             f"{list(columns)}: name the id column and at least one value column")
+    elif fmt.pattern not in EDGE_PATTERNS:
+        raise ValueError(f"pattern {fmt.pattern!r} describes text lines; for columnar edges "
+                         f"choose the owner with {', '.join(EDGE_PATTERNS)}")
+    elif len(columns) not in (2, 3):
+        raise ValueError(f"columns for edges are (src, dst) or (src, dst, weight), got "
+                         f"{list(columns)}: name 2 or 3 columns")
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"columns names a column twice: {list(columns)}")
+    return columns
+
+
+def vector_features(the_plan: TablePlan, columns: tuple[str, ...]) -> int:
+    """How many values each vector holds: the value columns, or the first list's length.
+
+    Every rank finds the same number: it comes from the schema, or from the inputs' first row.
+    """
+    if len(columns) > 2:
+        return len(columns) - 1
+    first = next((u for u in the_plan.units if u.rows), None)
+    if first is None:
+        return 1  # no rows anywhere: any width makes the same empty result
+    values = read_unit(first, 0, 1, columns)[columns[1]]
+    if not _is_list(values.type):
+        return 1
+    length = pc.list_value_length(values)[0].as_py()
+    if not length:
+        raise ValueError(f"{first.source.name}: the first vector in column {columns[1]!r} is "
+                         "empty; pass features= to say how many values every vector holds")
+    return length
+
+
+def read_table_records(
+    the_plan: TablePlan, rank: int, fmt: Format, columns: tuple[str, ...]
+) -> Iterator[tuple[Parsed, int]]:
+    """Each stretch of rows in ``rank``'s share, in order, parsed, with its compressed bytes
+    (a share of its row group's when only some rows are read)."""
+    first_rows = _first_rows(the_plan)
+    for unit, first, end in the_plan.share(rank):
+        table = read_unit(unit, first, end, columns)
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise ValueError(
+                f"{unit.source.name} has no column {', '.join(map(repr, missing))}: its columns "
+                f"are {', '.join(read_unit(unit, 0, 0).column_names)}; name them in columns=")
+        parsed = table_records(table, fmt, columns, unit.source.name, first_rows[unit] + first)
+        yield parsed, stretch_bytes(unit, first, end)
+
+
+def stretch_bytes(unit: Unit, first: int, end: int) -> int:
+    """The compressed bytes of rows ``[first, end)`` of ``unit``, pro rata."""
+    return round(unit.bytes * (end - first) / unit.rows) if unit.rows else unit.bytes
+
+
+def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: str = "table",
+                  first_row: int = 0) -> Parsed:
+    """The edge (or, for ``fvec``, vector) record columns of ``table``'s named columns.
+
+    ``first_row`` is the row number of the table's first row in file ``name`` (from 0).
+
+    >>> table = pa.table({"a": [1, 2], "b": [3, None], "w": [0.5, 1.0]})
+    >>> part = table_records(table, Format("fmap", on_error="skip"), ("a", "b", "w"), "e.parquet")
+    >>> [c.tolist() for c in part.columns], [str(bad) for bad in part.examples]
+    ([[1], [3], [0.5]], ["e.parquet:2: null in column 'b': '{a: 2, b: None, w: 1.0}'"])
+    """
+    bad_rows = np.zeros(table.num_rows, dtype=bool)
+    for column in columns:
+        bad_rows |= _nulls(table[column])
+    if fmt.pattern == "fvec":
+        ids, values, wrong_length = _vectors(table, fmt, columns, bad_rows, name)
+        bad_rows |= wrong_length
+    else:
+        ids = [_ids(table[c], c, fmt, name) for c in columns[:2]]
+        weight = (_floats(table[columns[2]], columns[2], name) if len(columns) == 3
+                  else np.ones(table.num_rows))
+    examples = tuple(_bad_row(table, row, columns, name, first_row, fmt) for row in
+                     np.flatnonzero(bad_rows)[: 1 if fmt.on_error == "raise" else MAX_EXAMPLES])
+    if examples and fmt.on_error == "raise":
+        raise ParseError(examples[0], f"{examples[0]} (fix the row, or pass on_error='skip' to "
+                                      "count and skip such rows)")
+    keep = ~bad_rows
+    kept = (ids[keep], values[keep]) if fmt.pattern == "fvec" else (
+        ids[0][keep], ids[1][keep], weight[keep])
+    return Parsed(kept, table.num_rows, int(bad_rows.sum()), examples)
+
+
+def _first_rows(the_plan: TablePlan) -> dict[Unit, int]:
+    """The row number, within its file, of each unit's first row."""
+    first, before = {}, {}
+    for unit in the_plan.units:
+        first[unit] = before.get(unit.source.name, 0)
+        before[unit.source.name] = first[unit] + unit.rows
+    return first
+
+
+def _ids(column: pa.ChunkedArray, name: str, fmt: Format, file: str) -> np.ndarray:
+    kind = column.type
+    if fmt.ids == "int":
+        if not pa.types.is_integer(kind):
+            hint = " (pass ids='str' for text ids)" if _is_text(kind) else ""
+            raise TypeError(f"{file}: id column {name!r} holds {kind}, not integers{hint}")
+        return _filled(column, pa.int64(), 0)
+    if not (_is_text(kind) or pa.types.is_integer(kind)):
+        raise TypeError(f"{file}: id column {name!r} holds {kind}, not text or integers")
+    text = pc.fill_null(column.cast(pa.string()), "")
+    ids = hash_binary(text.cast(pa.binary()))
+    check_distinct(text, ids)
+    return ids
+
+
+def _floats(column: pa.ChunkedArray, name: str, file: str) -> np.ndarray:
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+            or pa.types.is_decimal(column.type)):
+        raise TypeError(f"{file}: column {name!r} holds {column.type}, not numbers")
+    return _filled(column, pa.float64(), 0.0)
+
+
+def _vectors(table: pa.Table, fmt: Format, columns: tuple[str, ...], bad_rows: np.ndarray,
+             file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ids, a ``(rows, features)`` array, and which rows hold a vector of another length."""
+    ids = _ids(table[columns[0]], columns[0], fmt, file)
+    wrong_length = np.zeros(table.num_rows, dtype=bool)
+    if len(columns) > 2 or not _is_list(table[columns[1]].type):
+        values = np.column_stack([_floats(table[c], c, file) for c in columns[1:]]) \
+            if table.num_rows else np.empty((0, len(columns) - 1))
+        return ids, values, wrong_length
+    lists = table[columns[1]].combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    wrong_length = (lengths != fmt.features) & ~bad_rows
+    good = ~(wrong_length | bad_rows)
+    values = np.zeros((table.num_rows, fmt.features))
+    if good.any():
+        kept = lists.filter(pa.array(good))
+        values[good] = _floats(pa.chunked_array([kept.flatten()]), columns[1], file
+                               ).reshape(-1, fmt.features)
+    return ids, values, wrong_length
+
+
+def _bad_row(table: pa.Table, row: int, columns: tuple[str, ...], file: str, first_row: int,
+             fmt: Format) -> BadLine:
+    values = {c: table[c][int(row)].as_py() for c in columns}
+    nulls = [c for c in columns if values[c] is None]
+    reason = (f"null in column {nulls[0]!r}" if nulls else
+              f"vector of {len(values[columns[1]])} values, not {fmt.features}")
+    shown = "{" + ", ".join(f"{c}: {values[c]}" for c in columns) + "}"
+    return BadLine(file, first_row + int(row) + 1, shown, reason)
+
+
+def _nulls(column: pa.ChunkedArray) -> np.ndarray:
+    if column.null_count == 0:
+        return np.zeros(len(column), dtype=bool)
+    return pc.is_null(column).to_numpy(zero_copy_only=False)
+
+
+def _filled(column: pa.ChunkedArray, kind: pa.DataType, fill: int | float) -> np.ndarray:
+    """The column cast to ``kind`` as NumPy, nulls (bad rows, dropped later) filled."""
+    if column.null_count:
+        column = pc.fill_null(column, pa.scalar(fill).cast(column.type))
+    return np.asarray(column.cast(kind).to_numpy())
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
+        kind) or pa.types.is_large_binary(kind)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
+        kind)

@@ -1,0 +1,161 @@
+"""Graphs, matrices and vectors from Parquet / Arrow IPC columns: the same partitions as from text.
+
+The same edges and vectors are written as text lines and as columnar files of several row
+groups; on real gloo ranks each rank must hold exactly what it holds when loading the text.
+"""
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch.distributed as dist
+
+from shardwise.distributed.launch import spawn_local
+from shardwise.files import ParseError, load_graph, load_matrix, load_vectors, read_records
+from shardwise.files.patterns import Format
+
+EDGE_COLUMNS = ("src", "dst", "weight")
+
+
+def write_both(folder: Path, rng: np.random.Generator, kind: str = "parquet") -> dict[str, str]:
+    """Edges and vectors as text and as columnar files (3 files, uneven row groups)."""
+    n = 300
+    src, dst = rng.integers(0, 50, n), rng.integers(0, 50, n)
+    weight = rng.integers(0, 100, n) / 4
+    ids = rng.permutation(10_000)[:120]
+    values = rng.integers(-100, 100, (120, 3)) / 8
+    text, table = folder / "text", folder / kind
+    text.mkdir()
+    table.mkdir()
+    (text / "edges.csv").write_text("".join(f"{a},{b},{w}\n" for a, b, w in zip(src, dst, weight)))
+    (text / "vectors.csv").write_text(
+        "".join(f"{i},{','.join(map(str, v))}\n" for i, v in zip(ids, values)))
+    cuts = [0, 70, 200, n]
+    for number, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+        edges = pa.table({"src": src[lo:hi], "dst": dst[lo:hi], "weight": weight[lo:hi],
+                          "name": [f"v{a}" for a in src[lo:hi]]})
+        _write(edges, table / f"edges-{number}.{kind}", kind, row_group_size=17 + 20 * number)
+    vectors = pa.table({"id": ids, "values": pa.array(values.tolist(), pa.list_(pa.float64())),
+                        **{f"f{j}": values[:, j] for j in range(3)}})
+    _write(vectors, table / f"vectors.{kind}", kind, row_group_size=25)
+    return {"text_edges": str(text / "edges.csv"), "text_vectors": str(text / "vectors.csv"),
+            "edges": sorted(str(p) for p in table.glob("edges-*")),
+            "vectors": str(table / f"vectors.{kind}")}
+
+
+def _write(table: pa.Table, path: Path, kind: str, row_group_size: int) -> None:
+    if kind == "parquet":
+        pq.write_table(table, path, row_group_size=row_group_size)
+        return
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+        for batch in table.to_batches(max_chunksize=row_group_size):
+            out.write_batch(batch)
+
+
+def _edges(graph) -> Counter:
+    return Counter(zip(*(a.tolist() for a in graph.edges())))
+
+
+def _load_both_ways(paths: dict) -> dict:
+    """On each rank: every load from text and from columns, as comparable values."""
+    held = {}
+    for pattern in ("fmap", "smap", "fsmap"):
+        for source, extra in (("text", {}), ("table", {"columns": EDGE_COLUMNS})):
+            inputs = paths["text_edges"] if source == "text" else paths["edges"]
+            graph = load_graph(inputs, pattern, round_bytes=64 * dist.get_world_size(), **extra)
+            held[pattern, source] = _edges(graph)
+            block = load_matrix(inputs, pattern, **extra)
+            coo = block.matrix.tocoo()
+            held["matrix", pattern, source] = {
+                (int(block.row_ids[r]), int(block.col_ids[c])): float(x)
+                for r, c, x in zip(coo.row, coo.col, coo.data)}
+    held["undirected", "text"] = _edges(load_graph(paths["text_edges"], "fmap", "undirected"))
+    held["undirected", "table"] = _edges(
+        load_graph(paths["edges"], "fmap", "undirected", columns=EDGE_COLUMNS))
+    for source, inputs, extra in (
+            ("text", paths["text_vectors"], {}),
+            ("list", paths["vectors"], {"columns": ("id", "values")}),
+            ("columns", paths["vectors"], {"columns": ("id", "f0", "f1", "f2")})):
+        ids, values = load_vectors(inputs, **extra)
+        held["vectors", source] = list(zip(ids.tolist(), map(tuple, values.tolist())))
+    # String ids: the text of the ids hashes the same from either kind of input.
+    named = load_graph(paths["edges"], "fmap", ids="str", columns=("name", "dst"))
+    held["str ids"] = sorted(named.vertices().tolist())
+    return held
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world_size, kind", [(2, "parquet"), (3, "parquet"), (2, "arrow")])
+def test_each_rank_holds_from_columns_exactly_what_it_holds_from_text(
+        tmp_path: Path, world_size: int, kind: str) -> None:
+    paths = write_both(tmp_path, np.random.default_rng(world_size), kind)
+    per_rank = spawn_local(_load_both_ways, world_size, paths, timeout=200)
+    everything: Counter = Counter()
+    for held in per_rank:
+        for pattern in ("fmap", "smap", "fsmap", "undirected"):
+            assert held[pattern, "table"] == held[pattern, "text"], pattern
+        for pattern in ("fmap", "smap", "fsmap"):
+            assert held["matrix", pattern, "table"] == pytest.approx(held["matrix", pattern, "text"])
+        assert held["vectors", "list"] == held["vectors", "text"]
+        assert held["vectors", "columns"] == held["vectors", "text"]
+        everything += held["fmap", "table"]
+    text = Path(paths["text_edges"]).read_text().split()
+    assert everything == Counter((int(a), int(b), float(w))
+                                 for a, b, w in (line.split(",") for line in text))
+    assert sum(len(held["str ids"]) for held in per_rank) == len(
+        {line.split(",")[0] for line in text})
+
+
+def _load_with_a_bad_row(folder: str) -> str:
+    try:
+        load_graph(folder, "fmap", columns=("src", "dst"))
+    except ParseError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_a_null_on_one_rank_is_raised_on_every_rank_naming_its_file_and_row(tmp_path) -> None:
+    pq.write_table(pa.table({"src": [1, 2, 3], "dst": [4, 5, 6]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"src": [7, None, 9], "dst": [1, 2, 3]}), tmp_path / "b.parquet")
+    messages = spawn_local(_load_with_a_bad_row, 2, str(tmp_path), timeout=100)
+    assert all("b.parquet:2: null in column 'src'" in message for message in messages)
+
+
+def test_bad_rows_are_counted_and_skipped_with_on_error_skip(tmp_path) -> None:
+    pq.write_table(pa.table({"id": [1, None, 3], "v": [[1.0, 2.0], [3.0, 4.0], [5.0]]}),
+                   tmp_path / "v.parquet")
+    with pytest.warns(UserWarning, match=r"skipped 2 malformed row\(s\).*v.parquet:2: null"):
+        records, stats = read_records(tmp_path, Format("fvec", on_error="skip"), 0, 1,
+                                      columns=("id", "v"))
+    assert records["id"].tolist() == [1] and records["values"].tolist() == [[1.0, 2.0]]
+    assert (stats.lines, stats.skipped, stats.row_groups) == (3, 2, 1)
+    assert "vector of 1 values, not 2" in str(stats.examples[1])
+
+
+@pytest.mark.parametrize("columns, error, says", [
+    (None, ValueError, "name the columns to read from"),
+    (("src",), ValueError, "name 2 or 3 columns"),
+    (("src", "nope"), ValueError, "has no column 'nope': its columns are src, dst, name"),
+    (("name", "dst"), TypeError, "holds string, not integers (pass ids='str' for text ids)"),
+    ("src,dst", TypeError, "a sequence of column names"),
+])
+def test_bad_columns_are_named(tmp_path, columns, error, says) -> None:
+    pq.write_table(pa.table({"src": [1], "dst": [2], "name": ["a"]}), tmp_path / "e.parquet")
+    with pytest.raises(error, match=re.escape(says)):
+        load_graph(tmp_path, "fmap", columns=columns)
+
+
+def test_columnar_and_text_inputs_do_not_mix_and_text_takes_no_columns(tmp_path) -> None:
+    pq.write_table(pa.table({"src": [1], "dst": [2]}), tmp_path / "e.parquet")
+    (tmp_path / "f.csv").write_text("1,2\n")
+    with pytest.raises(ValueError, match="mix columnar files .*e.parquet.* with text files"):
+        load_graph(tmp_path, "fmap", columns=("src", "dst"))
+    with pytest.raises(ValueError, match="drop columns="):
+        load_graph(tmp_path / "f.csv", "fmap", columns=("src", "dst"))
+    with pytest.raises(ValueError, match="for columnar edges choose the owner"):
+        load_graph(tmp_path / "e.parquet", "fset", columns=("src", "dst"))
