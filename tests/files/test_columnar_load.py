@@ -159,3 +159,13 @@ def test_columnar_and_text_inputs_do_not_mix_and_text_takes_no_columns(tmp_path)
         load_graph(tmp_path / "f.csv", "fmap", columns=("src", "dst"))
     with pytest.raises(ValueError, match="for columnar edges choose the owner"):
         load_graph(tmp_path / "e.parquet", "fset", columns=("src", "dst"))
+
+
+def test_an_arrow_file_without_a_named_column_is_named(tmp_path) -> None:
+    table = pa.table({"src": [1], "dst": [2]})
+    with pa.OSFile(str(tmp_path / "e.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+        out.write_table(table)
+    with pytest.raises(ValueError, match="e.arrow has no column 'w': its columns are src, dst"):
+        load_graph(tmp_path, "fmap", columns=("src", "dst", "w"))
+    with pytest.raises(ValueError, match="features=3, but columns names 1 value columns"):
+        load_vectors(tmp_path, columns=("src", "dst"), features=3)
