@@ -140,8 +140,8 @@ def _prepared(the_plan: Plan | TablePlan, fmt: Format, columns: Sequence[str] | 
                             if fmt.pattern == "fvec" else
                             "columns=('src', 'dst') or columns=('src', 'dst', 'weight')"))
     columns = check_columns(columns, fmt)
-    if fmt.pattern == "fvec" and fmt.features is None:
-        fmt = replace(fmt, features=vector_features(the_plan, columns))
+    if fmt.pattern == "fvec":
+        fmt = replace(fmt, features=vector_features(the_plan, columns, fmt.features))
     return fmt, columns
 
 

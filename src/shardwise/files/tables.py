@@ -52,27 +52,26 @@ def check_columns(columns: Sequence[str], fmt: Format) -> tuple[str, ...]:
     elif len(columns) not in (2, 3):
         raise ValueError(f"columns for edges are (src, dst) or (src, dst, weight), got "
                          f"{list(columns)}: name 2 or 3 columns")
-    if fmt.pattern == "fvec" and len(columns) > 2 and fmt.features not in (None, len(columns) - 1):
-        raise ValueError(f"features={fmt.features}, but columns names {len(columns) - 1} value "
-                         "columns: drop features=, or name one list column of vectors")
     if len(set(columns)) != len(columns):
         raise ValueError(f"columns names a column twice: {list(columns)}")
     return columns
 
 
-def vector_features(the_plan: TablePlan, columns: tuple[str, ...]) -> int:
-    """How many values each vector holds: the value columns, or the first list's length.
-
-    Every rank finds the same number: it comes from the schema, or from the inputs' first row.
+def vector_features(the_plan: TablePlan, columns: tuple[str, ...], features: int | None) -> int:
+    """How many values each vector holds: one per value column, else ``features``, else the
+    length of the inputs' first list (the same on every rank).
     """
-    if len(columns) > 2:
-        return len(columns) - 1
     first = next((u for u in the_plan.units if u.rows), None)
     if first is None:
-        return 1  # no rows anywhere: any width makes the same empty result
-    values = read_unit(first, 0, 1, columns)[columns[1]]
-    if not _is_list(values.type):
-        return 1
+        return features or 1  # no rows anywhere: any width makes the same empty result
+    values = read_unit(first, 0, 1, columns)[columns[-1]]
+    if len(columns) > 2 or not _is_list(values.type):
+        if features not in (None, len(columns) - 1):
+            raise ValueError(f"features={features}, but columns names {len(columns) - 1} value "
+                             "column(s): drop features=, or name one list column of vectors")
+        return len(columns) - 1
+    if features is not None:
+        return features
     length = pc.list_value_length(values)[0].as_py()
     if not length:
         raise ValueError(f"{first.source.name}: the first vector in column {columns[1]!r} is "
