@@ -16,6 +16,7 @@ without its credentials (``remote.py``).
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -191,6 +192,7 @@ def read_table(
                                                                        paths.units, world_size)
     else:
         plan = table_plan(paths, world_size, storage_options=storage_options)
+    say_if_split_by_rows(plan, rank)
     pieces = [read_unit(unit, first, end, columns) for unit, first, end in plan.share(rank)]
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
         return _schema(plan.sources[0], columns).empty_table()
@@ -201,6 +203,16 @@ def read_table(
                              f"{piece.schema.types}, unlike the inputs before it "
                              f"({schema.names}, {schema.types}); give files of one schema")
     return pa.concat_tables(pieces)
+
+
+def say_if_split_by_rows(plan: TablePlan, rank: int) -> None:
+    """Warn (on rank 0 only) when there are fewer row groups than ranks, so rows are split."""
+    if plan.by_rows and rank == 0:
+        warnings.warn(
+            f"{len(plan.units)} row group(s) for {plan.world_size} ranks: rows are split inside "
+            "row groups so that no rank is idle, and a rank decodes each row group it shares "
+            "whole; write smaller row groups (row_group_size=) for each rank to read only its own",
+            stacklevel=3)
 
 
 def _units(source: Source) -> list[Unit]:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardwise.files.columnar import TablePlan, Unit, read_unit
+from shardwise.files.columnar import TablePlan, Unit, read_unit, say_if_split_by_rows
 from shardwise.files.ids import check_distinct, hash_binary
 from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, ParseError, Parsed
 
@@ -84,6 +84,7 @@ def read_table_records(
 ) -> Iterator[tuple[Parsed, int]]:
     """Each stretch of rows in ``rank``'s share, in order, parsed, with its compressed bytes
     (a share of its row group's when only some rows are read)."""
+    say_if_split_by_rows(the_plan, rank)
     first_rows = _first_rows(the_plan)
     for unit, first, end in the_plan.share(rank):
         try:
