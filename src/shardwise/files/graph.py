@@ -13,6 +13,7 @@ from shardwise.files.load import LoadStats, load_records
 from shardwise.files.matrix import MatrixBlock
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
+from shardwise.files.sorting import group_starts, sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
 
 Kind = Literal["digraph", "bigraph", "undirected"]
@@ -50,12 +51,16 @@ class Graph:
         """Group edges by source; each source's edges keep their given order."""
         if kind not in KINDS:
             raise ValueError(f"unknown graph kind {kind!r}: choose one of {', '.join(KINDS)}")
-        order = np.argsort(src, kind="stable")
-        sources = src[order]
-        firsts = np.flatnonzero(np.diff(sources)) + 1
-        indptr = np.concatenate([[0], firsts, [sources.size]]).astype(np.int64)
-        row_ids = sources[indptr[:-1]] if sources.size else sources
-        return cls(kind, row_ids, indptr, dst[order], weight[order], stats)
+        sources, order = sort_with_order(src)
+        dst, weight = dst[order], weight[order]
+        # Freed before the row arrays are allocated, so they reuse its memory rather than
+        # touching fresh pages (costly on some virtual machines).
+        del order
+        starts = group_starts(sources)
+        row_ids = sources[starts]
+        del sources
+        indptr = np.flatnonzero(np.append(starts, True)).astype(np.int64, copy=False)
+        return cls(kind, row_ids, indptr, dst, weight, stats)
 
     def vertices(self) -> np.ndarray:
         """The source vertices of this rank's edges, ascending."""
@@ -141,7 +146,7 @@ def load_graph(
 
     ``pattern`` is ``fmap`` / ``smap`` / ``fsmap`` (``a,b[,w]`` lines) or ``fset`` (``a,b|w,c:w``);
     it decides both the line format and which rank owns each edge. ``pipeline`` takes
-    ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
+    ``block_bytes``, ``round_bytes``, ``progress`` and ``threads`` (see ``load_records``).
 
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "g.txt"

@@ -11,6 +11,7 @@ import numpy as np
 from shardwise.files.load import LoadStats, load_records
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
+from shardwise.files.sorting import sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
 
 
@@ -41,7 +42,7 @@ def load_vectors(
 
     Every line needs ``features`` values, by default as many as the input's first line has; a
     line with another number is malformed (``on_error`` decides). ``pipeline`` takes
-    ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
+    ``block_bytes``, ``round_bytes``, ``progress`` and ``threads`` (see ``load_records``).
 
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "v.txt"
@@ -54,7 +55,7 @@ def load_vectors(
         paths, lambda: Format("fvec", delimiter, ids, parser, on_error, features),
         storage_options=storage_options, **pipeline)
     started = time.perf_counter()
-    order = np.argsort(records["id"], kind="stable")
-    vectors = Vectors(records["id"][order], records["values"][order])
+    ids, order = sort_with_order(records["id"])
+    vectors = Vectors(ids, records["values"][order])
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(vectors, stats=replace(stats, seconds=seconds))
