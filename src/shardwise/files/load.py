@@ -35,6 +35,7 @@ from shardwise.files.plan import Plan, plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
 from shardwise.files.records import edges, join
 from shardwise.files.route import route
+from shardwise.files.threads import ordered_map, parse_threads
 from shardwise.files.sources import Paths, StorageOptions
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes planned) on this rank
@@ -68,14 +69,18 @@ def read_records(
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     progress: Progress | None = None,
     storage_options: StorageOptions | None = None,
+    threads: int | None = None,
 ) -> tuple[np.ndarray, LoadStats]:
     """Parse this rank's share of the lines into records, before any exchange.
 
     With ``on_error="skip"`` malformed lines are counted in the stats (and a warning names the
     first few); with ``"raise"`` the first one raises ``ParseError`` naming its file and line.
     No communication: it reads the share of ``rank`` of the plan it makes (or is given).
+    ``threads`` chunks are parsed at once (default ``parse_threads()``: this machine's cores
+    shared among its ranks); the records and any error are the same whatever the number.
     """
     world_size, rank = resolve_world(world_size, rank)
+    threads = parse_threads() if threads is None else require_int("threads", threads, minimum=1)
     started = time.perf_counter()
     the_plan = plan(paths, world_size, storage_options=storage_options)
     if fmt.pattern == "fvec" and fmt.features is None:  # the same on every rank
@@ -83,9 +88,10 @@ def read_records(
     planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
     builder = RecordBuilder(fmt.record_dtype())
     bytes_read, lines, skipped, examples = 0, 0, 0, []
-    for chunk in iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes):
-        parsed = parse_chunk(chunk, fmt)
-        bytes_read += len(chunk.data)
+    chunks = iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes)
+    for size, parsed in ordered_map(lambda chunk: (len(chunk.data), parse_chunk(chunk, fmt)),
+                                    chunks, threads):
+        bytes_read += size
         builder.append(parsed.columns, done=min(bytes_read / planned, 1.0) if planned else 1.0)
         lines += parsed.lines
         skipped += parsed.skipped
@@ -113,13 +119,14 @@ def load_records(
     round_bytes: int = DEFAULT_ROUND_BYTES,
     progress: Progress | None = None,
     storage_options: StorageOptions | None = None,
+    threads: int | None = None,
 ) -> tuple[np.ndarray, LoadStats]:
     """Read, parse and route: the records this rank owns, over the current process group.
 
     Every rank must call it together. ``mirror`` adds the reverse of every edge (self-loops once)
     before routing, for undirected graphs: each direction then lives with the owner of its own
     key. ``fmt`` may be a function that builds the ``Format``: it is then called inside the load,
-    so a bad argument on one rank raises on every rank. Raises on every rank, naming the rank,
+    so a bad argument on one rank raises on every rank. ``threads``: see ``read_records``. Raises on every rank, naming the rank,
     when any rank fails; ``InconsistentRanksError`` when the ranks planned different files or
     passed different settings.
     """
@@ -136,13 +143,15 @@ def load_records(
         the_format = fmt() if callable(fmt) else fmt
         require_int("round_bytes", round_bytes, minimum=world)
         require_int("block_bytes", block_bytes, minimum=1)
+        if threads is not None:
+            require_int("threads", threads, minimum=1)
         settings = {**the_format.settings(), "mirror": mirror, "round_bytes": round_bytes}
         return plan(paths, world, storage_options=storage_options), the_format, settings
 
     the_plan, the_format = plan_together(prepare, caller="loading files")
     planned = time.perf_counter()
     records, stats = together(
-        lambda: _read(the_plan, the_format, rank, mirror, block_bytes, progress))
+        lambda: _read(the_plan, the_format, rank, mirror, block_bytes, progress, threads))
     owned = records
     if world_size > 1:  # one rank owns everything: no owners to compute
         owned = route(records, owners(records, the_format.pattern, world_size), world_size,
@@ -155,9 +164,9 @@ def load_records(
 
 
 def _read(the_plan: Plan, fmt: Format, rank: int, mirror: bool, block_bytes: int,
-          progress: Progress | None) -> tuple[np.ndarray, LoadStats]:
+          progress: Progress | None, threads: int | None) -> tuple[np.ndarray, LoadStats]:
     records, stats = read_records(the_plan, fmt, rank, the_plan.world_size,
-                                  block_bytes=block_bytes, progress=progress)
+                                  block_bytes=block_bytes, progress=progress, threads=threads)
     if mirror:
         kept = records[records["src"] != records["dst"]]
         records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])
