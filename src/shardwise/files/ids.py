@@ -14,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shardwise.files.arrow import from_numpy
+from shardwise.files.sorting import sort_with_order
 from shardwise.mix import mix64
 
 _SEED = np.uint64(0x5EED_F11E_5EED_F11E)
@@ -56,13 +58,22 @@ def hash_binary(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def check_distinct(strings: pa.Array | pa.ChunkedArray, ids: np.ndarray) -> None:
-    """Raise if two different strings in ``strings`` were given the same id in ``ids``."""
-    if pc.count_distinct(strings).as_py() == np.unique(ids).size:
+    """Raise if two different strings in ``strings`` were given the same id in ``ids``.
+
+    Sorts the ids and compares only the strings of equal neighbours, so the check costs one sort
+    (hashing every string into a set, as ``count_distinct`` does, took several times longer).
+
+    >>> check_distinct(pa.array([b"a", b"b", b"a"]), np.array([1, 2, 1]))
+    """
+    ordered, order = sort_with_order(ids)
+    pairs = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if pairs.size == 0:
         return
-    first_string: dict[int, bytes] = {}
-    for value, key in zip(strings.to_pylist(), ids.tolist()):
-        if first_string.setdefault(key, value) != value:
-            raise ValueError(
-                f"string ids {first_string[key]!r} and {value!r} hash to the same 63-bit id {key}; "
-                "rename one of them, or map the strings to integers before loading"
-            )
+    left, right = strings.take(from_numpy(order[pairs])), strings.take(from_numpy(order[pairs + 1]))
+    first = pc.index(pc.not_equal(left, right), True).as_py()
+    if first >= 0:
+        raise ValueError(
+            f"string ids {left[first].as_py()!r} and {right[first].as_py()!r} hash to the same "
+            f"63-bit id {int(ordered[pairs[first]])}; rename one of them, or map the strings to "
+            "integers before loading"
+        )

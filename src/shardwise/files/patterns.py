@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from shardwise.checks import require_int
+from shardwise.files.arrow import from_numpy, to_numpy
 from shardwise.files.ids import check_distinct, hash_binary, string_ids
 from shardwise.files.read import Chunk, split_lines
 from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
@@ -262,7 +263,7 @@ def _fast_pairs(data: bytes, fmt: Format) -> Columns:
         raise _NeedsSlowPath
     table = _read_csv(data, fmt, [_id_type(fmt)] * 2 + [pa.float64()] * (columns - 2))
     src, dst = _ids([table.column(0), table.column(1)], fmt)
-    weight = _numpy(table.column(2)) if columns == 3 else np.broadcast_to(1.0, len(src))
+    weight = to_numpy(table.column(2)) if columns == 3 else np.broadcast_to(1.0, len(src))
     return src, dst, weight
 
 
@@ -277,7 +278,7 @@ def _fast_vectors(data: bytes, fmt: Format) -> Columns:
     table = _read_csv(data, fmt, [_id_type(fmt)] + [pa.float64()] * fmt.features)
     values = np.empty((table.num_rows, fmt.features))
     for feature in range(fmt.features):
-        values[:, feature] = _numpy(table.column(feature + 1))
+        values[:, feature] = to_numpy(table.column(feature + 1))
     return (*_ids([table.column(0)], fmt), values)
 
 
@@ -294,7 +295,7 @@ def _wide_vectors(data: bytes, fmt: Format) -> Columns:
         if len(fields) != fmt.features + 1:
             raise _NeedsSlowPath
         ids.append(fields[0].as_py())
-        values[row] = _numpy(pc.cast(fields.slice(1), pa.float64()))
+        values[row] = to_numpy(pc.cast(fields.slice(1), pa.float64()))
     return (*_ids([pa.array(ids, type=pa.binary())], fmt), values)
 
 
@@ -312,21 +313,24 @@ def _line_spans(data: bytes) -> Iterator[tuple[int, int]]:
 
 def _fast_sets(data: bytes, fmt: Format) -> Columns:
     fields = pc.split_pattern(_line_array(data), fmt.delimiter)
-    counts = _numpy(pc.list_value_length(fields))
+    counts = to_numpy(pc.list_value_length(fields))
     if counts.size and counts.min() < 2:
         raise _NeedsSlowPath
     flat = pc.list_flatten(fields)
-    starts = _numpy(fields.offsets)[:-1] - fields.offsets[0].as_py()
+    starts = to_numpy(fields.offsets)[:-1] - fields.offsets[0].as_py()
     is_source = np.zeros(len(flat), dtype=bool)
     is_source[starts] = True
-    sources = flat.filter(pa.array(is_source))
-    targets = pc.split_pattern(pc.replace_substring(flat.filter(pa.array(~is_source)), ":", "|"),
+    sources = flat.filter(from_numpy(is_source))
+    targets = pc.split_pattern(pc.replace_substring(flat.filter(from_numpy(~is_source)), ":", "|"),
                                "|", max_splits=1)
-    has_weight = _numpy(pc.list_value_length(targets)) == 2
-    src, dst = _ids([sources, pc.list_element(targets, 0)], fmt)
+    # Each target's parts by position in the flattened list, not pc.list_element (whose index
+    # argument makes pyarrow import pandas).
+    parts = pc.list_flatten(targets)
+    firsts = to_numpy(targets.offsets)[:-1].astype(np.int64) - targets.offsets[0].as_py()
+    has_weight = to_numpy(pc.list_value_length(targets)) == 2
+    src, dst = _ids([sources, parts.take(from_numpy(firsts))], fmt)
     weight = np.ones(len(targets))
-    weighted = pc.list_element(targets.filter(pa.array(has_weight)), 1)
-    weight[has_weight] = _numpy(pc.cast(weighted, pa.float64()))
+    weight[has_weight] = to_numpy(pc.cast(parts.take(from_numpy(firsts[has_weight] + 1)), pa.float64()))
     return np.repeat(src, counts - 1), dst, weight
 
 
@@ -363,7 +367,7 @@ def _id_type(fmt: Format) -> pa.DataType:
 
 def _ids(columns: list[pa.Array | pa.ChunkedArray], fmt: Format) -> list[np.ndarray]:
     if fmt.ids == "int":
-        return [_numpy(pc.cast(column, pa.int64())) for column in columns]
+        return [to_numpy(pc.cast(column, pa.int64())) for column in columns]
     strings = [(pa.chunked_array([column]) if isinstance(column, pa.Array) else column)
                .cast(pa.binary()) for column in columns]
     if any(len(s) and pc.min(pc.binary_length(s)).as_py() == 0 for s in strings):
@@ -374,26 +378,6 @@ def _ids(columns: list[pa.Array | pa.ChunkedArray], fmt: Format) -> list[np.ndar
     everything = pa.chunked_array([c for s in strings for c in s.chunks], type=pa.binary())
     check_distinct(everything, np.concatenate(ids))
     return ids
-
-
-def _numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A numeric column without nulls as NumPy, zero-copy when it is one chunk.
-
-    Not ``to_numpy()``: pyarrow's imports pandas on first use, a quarter second per process.
-    """
-    if isinstance(column, pa.ChunkedArray):
-        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    dtype = _NUMPY_TYPES.get(column.type)
-    if dtype is None or column.null_count:
-        raise TypeError(f"expected numbers without nulls, got {column.type} ({column.null_count} nulls)")
-    if len(column) == 0:
-        return np.empty(0, dtype)
-    return np.frombuffer(column.buffers()[1], dtype, count=len(column),
-                         offset=column.offset * dtype.itemsize)
-
-
-_NUMPY_TYPES = {pa.int32(): np.dtype(np.int32), pa.int64(): np.dtype(np.int64),
-                pa.float64(): np.dtype(np.float64)}
 
 
 def _line_array(data: bytes) -> pa.Array:
