@@ -34,7 +34,7 @@ from shardwise.files.patterns import (
 from shardwise.files.plan import Plan, plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
 from shardwise.files.records import edges, join
-from shardwise.files.route import route
+from shardwise.files.route import exchange_groups, group_by_owner
 from shardwise.files.threads import ordered_map, parse_threads
 from shardwise.files.sources import Paths, StorageOptions
 
@@ -152,15 +152,17 @@ def load_records(
     planned = time.perf_counter()
     records, stats = together(
         lambda: _read(the_plan, the_format, rank, mirror, block_bytes, progress, threads))
-    owned = records
-    if world_size > 1:  # one rank owns everything: no owners to compute
-        owned = route(records, owners(records, the_format.pattern, world_size), world_size,
-                      round_bytes=round_bytes)
+    if world_size > 1:  # one rank owns everything: no owners to compute, nothing to send
+        grouped, counts = group_by_owner(records, owners(records, the_format.pattern, world_size),
+                                         world_size)
+        del records  # freed before the receive buffer is allocated, which reuses its memory
+        records = exchange_groups(grouped, counts, round_bytes=round_bytes)
+        del grouped
     # Planning counts as reading; the exchange starts after this rank's last parsed line, so
     # waiting for the other ranks to finish theirs is part of it.
     read = planned - started + stats.seconds["read+parse"]
     seconds = {"read+parse": read, "exchange": time.perf_counter() - started - read}
-    return owned, replace(stats, records_owned=len(owned), seconds=seconds)
+    return records, replace(stats, records_owned=len(records), seconds=seconds)
 
 
 def _read(the_plan: Plan, fmt: Format, rank: int, mirror: bool, block_bytes: int,
