@@ -40,7 +40,9 @@ BYTES_PER_LINE = {("fmap", "int"): 33, ("fmap", "str"): 35, ("fvec", "int"): 63}
 
 
 def names(pattern: str) -> list[str]:
-    return ["id", *(f"f{i}" for i in range(FEATURES))] if pattern == "fvec" else ["src", "dst", "weight"]
+    if pattern == "fvec":
+        return ["id", *(f"f{i}" for i in range(FEATURES))]
+    return ["src", "dst", "weight"]
 
 
 def generate(folder: Path, size_mb: int, pattern: str, ids: str) -> list[Path]:
@@ -54,7 +56,9 @@ def generate(folder: Path, size_mb: int, pattern: str, ids: str) -> list[Path]:
 
     def key(n: int) -> pa.Array:
         numbers = pa.array(rng.integers(0, 2**40, n))
-        return numbers if ids == "int" else pc.binary_join_element_wise("u", pc.cast(numbers, pa.string()), "")
+        if ids == "int":
+            return numbers
+        return pc.binary_join_element_wise("u", pc.cast(numbers, pa.string()), "")
 
     for path, share in zip(paths, SHARES):
         lines = int(size_mb * 1e6 * share / BYTES_PER_LINE[pattern, ids])
@@ -62,11 +66,12 @@ def generate(folder: Path, size_mb: int, pattern: str, ids: str) -> list[Path]:
         for start in range(0, lines, 1_000_000):
             n = min(1_000_000, lines - start)
             keys = [key(n)] if pattern == "fvec" else [key(n), key(n)]
-            values = [pa.array(rng.integers(0, 10_000, n) / 10_000) for _ in range(FEATURES if pattern == "fvec" else 1)]
+            values = [pa.array(rng.integers(0, 10_000, n) / 10_000)
+                      for _ in range(FEATURES if pattern == "fvec" else 1)]
             table = pa.table(dict(zip(names(pattern), keys + values)))
             if writer is None:
-                writer = pacsv.CSVWriter(str(path) + ".tmp", table.schema,
-                                         write_options=pacsv.WriteOptions(include_header=False, quoting_style="none"))
+                options = pacsv.WriteOptions(include_header=False, quoting_style="none")
+                writer = pacsv.CSVWriter(str(path) + ".tmp", table.schema, write_options=options)
             writer.write_table(table)
         writer.close()
         Path(str(path) + ".tmp").rename(path)
@@ -85,19 +90,23 @@ def peer_pandas(paths: list[Path], pattern: str, ids: str) -> float:
     dtypes = {n: ("int64" if t == pa.int64() else "float64" if t == pa.float64() else "str")
               for n, t in types(pattern, ids).items()}
     started = time.perf_counter()
-    kept = [pd.read_csv(p, header=None, names=names(pattern), dtype=dtypes, engine="c") for p in paths]
+    kept = [pd.read_csv(p, header=None, names=names(pattern), dtype=dtypes, engine="c")
+            for p in paths]
+    seconds = time.perf_counter() - started
     del kept
-    return time.perf_counter() - started
+    return seconds
 
 
 def peer_pyarrow(paths: list[Path], pattern: str, ids: str, threads: bool) -> float:
     started = time.perf_counter()
-    kept = [pacsv.read_csv(p, read_options=pacsv.ReadOptions(column_names=names(pattern), use_threads=threads),
-                           parse_options=pacsv.ParseOptions(quote_char=False),
-                           convert_options=pacsv.ConvertOptions(column_types=types(pattern, ids)))
+    read = pacsv.ReadOptions(column_names=names(pattern), use_threads=threads)
+    parse = pacsv.ParseOptions(quote_char=False)
+    convert = pacsv.ConvertOptions(column_types=types(pattern, ids))
+    kept = [pacsv.read_csv(p, read_options=read, parse_options=parse, convert_options=convert)
             for p in paths]
+    seconds = time.perf_counter() - started
     del kept
-    return time.perf_counter() - started
+    return seconds
 
 
 def peer_python(paths: list[Path], pattern: str, ids: str) -> float:
@@ -159,24 +168,31 @@ def main() -> None:
         peers = {
             "pandas.read_csv (C engine)": total_mb / in_fresh_process(peer_pandas, *how),
             "pyarrow.csv, 1 thread": total_mb / in_fresh_process(peer_pyarrow, *how, False),
-            f"pyarrow.csv, all threads ({os.cpu_count()})": total_mb / in_fresh_process(peer_pyarrow, *how, True),
-            "per-line Python split": paths[0].stat().st_size / 1e6 / in_fresh_process(peer_python, *how),
+            f"pyarrow.csv, all threads ({os.cpu_count()})":
+                total_mb / in_fresh_process(peer_pyarrow, *how, True),
+            "per-line Python split":
+                paths[0].stat().st_size / 1e6 / in_fresh_process(peer_python, *how),
         }
+    files = [str(p) for p in paths]
     runs = {}
     for nproc in (1, 2):
         with console.status(f"shardwise at {nproc} rank(s)"):
-            runs[nproc] = spawn_local(shardwise_rank, nproc, [str(p) for p in paths], args.pattern,
-                                      args.ids, None, timeout=1800)
+            runs[nproc] = spawn_local(shardwise_rank, nproc, files, args.pattern, args.ids, None,
+                                      timeout=1800)
     with console.status("shardwise at 1 rank of 1 thread"):
-        single = spawn_local(shardwise_rank, 1, [str(p) for p in paths], args.pattern, args.ids, 1,
-                             timeout=1800)[0]
+        single = spawn_local(shardwise_rank, 1, files, args.pattern, args.ids, 1, timeout=1800)[0]
     fastest_name, fastest = max(peers.items(), key=lambda item: item[1])
-    table = Table(title=f"shardwise.files, {args.pattern} with {args.ids} ids: {total_mb:,.0f} MB in "
-                        f"{len(paths)} files ({sum(r['records'] for r in runs[1]):,} records)")
+    records = sum(r["records"] for r in runs[1])
+    table = Table(title=f"shardwise.files, {args.pattern} with {args.ids} ids: {total_mb:,.0f} MB "
+                        f"in {len(paths)} files ({records:,} records)")
     for column in ("what", "MB/s per rank", "vs fastest peer"):
         table.add_column(column, justify="left" if column == "what" else "right")
+
+    def row(what: str, rate: float) -> None:
+        table.add_row(what, f"{rate:,.0f}", f"{rate / fastest:.2f}x")
+
     for name, rate in peers.items():
-        table.add_row(f"peer: {name}", f"{rate:,.0f}", f"{rate / fastest:.2f}x")
+        row(f"peer: {name}", rate)
     build = "vector build" if args.pattern == "fvec" else "CSR build"
     for nproc, ranks in runs.items():
         for stage in ("read+parse", "exchange", "build"):
@@ -185,11 +201,10 @@ def main() -> None:
             rate = float(np.mean([r["bytes"] / 1e6 / max(r[stage], 1e-9) for r in ranks]))
             label = {"read+parse": f"plan+read+parse ({ranks[0]['threads']} thread(s))",
                      "build": build}.get(stage, stage)
-            table.add_row(f"shardwise {nproc} rank(s): {label}", f"{rate:,.0f}", f"{rate / fastest:.2f}x")
+            row(f"shardwise {nproc} rank(s): {label}", rate)
     wall = {nproc: max(r["total"] for r in ranks) for nproc, ranks in runs.items()}
     for nproc in runs:
-        table.add_row(f"shardwise {nproc} rank(s): end to end", f"{total_mb / wall[nproc] / nproc:,.0f}",
-                      f"{total_mb / wall[nproc] / nproc / fastest:.2f}x")
+        row(f"shardwise {nproc} rank(s): end to end", total_mb / wall[nproc] / nproc)
     if not console.is_terminal:
         console = Console(width=120)  # a log file: never squeeze the columns
     console.print(table)
@@ -198,8 +213,8 @@ def main() -> None:
     memory = max(r["peak_mb"] / (r["bytes"] / 1e6) for rs in runs.values() for r in rs)
     console.print(
         f"fastest peer: {fastest_name}. 1 rank end to end / its parse: "
-        f"{one['read+parse'] / one['total']:.2f}x; 2 ranks vs 1 end to end: {wall[1] / wall[2]:.2f}x "
-        f"(vs 1 rank of 1 thread: {single['total'] / wall[2]:.2f}x); "
+        f"{one['read+parse'] / one['total']:.2f}x; 2 ranks vs 1 end to end: "
+        f"{wall[1] / wall[2]:.2f}x (vs 1 rank of 1 thread: {single['total'] / wall[2]:.2f}x); "
         f"bytes per rank max/mean at 2 ranks: {balance:.3f}; peak memory added per rank: at most "
         f"{memory:.1f}x the bytes it read")
 

@@ -10,11 +10,12 @@ from hypothesis.extra import numpy as hnp
 from shardwise.files.sorting import group_starts, sort_with_order, stable_argsort, unique_inverse
 
 INT64 = np.iinfo(np.int64)
-# Narrow and full ranges: one packed pass, and the two-pass radix sort for keys over 64 - log2(n) bits.
+# Narrow and full ranges: one packed pass, and two radix passes for keys over 64 - log2(n) bits.
 KEYS = st.one_of(
     hnp.arrays(np.int64, st.integers(0, 300), elements=st.integers(-3, 3)),
     hnp.arrays(np.int64, st.integers(0, 300), elements=st.integers(INT64.min, INT64.max)),
-    hnp.arrays(np.int64, st.integers(0, 300), elements=st.sampled_from([INT64.min, -1, 0, 2**40, INT64.max])),
+    hnp.arrays(np.int64, st.integers(0, 300),
+               elements=st.sampled_from([INT64.min, -1, 0, 2**40, INT64.max])),
     hnp.arrays(st.sampled_from([np.int32, np.uint32, np.int8, np.uint64]), st.integers(0, 50)),
 )
 

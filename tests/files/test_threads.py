@@ -85,7 +85,8 @@ def test_threads_skip_and_name_bad_lines_as_one_thread(tmp_path: Path) -> None:
         with pytest.warns(UserWarning, match="skipped 3"):
             records, stats = read_records(path, Format(on_error="skip"), 0, 1, block_bytes=50_000,
                                           threads=threads)
-        reports.append((records.tobytes(), stats.skipped, [(e.file, e.line) for e in stats.examples]))
+        where = [(e.file, e.line) for e in stats.examples]
+        reports.append((records.tobytes(), stats.skipped, where))
         with pytest.raises(ParseError) as raised:
             read_records(path, Format(), 0, 1, block_bytes=50_000, threads=threads)
         assert raised.value.bad.line == 6  # the first bad line in the file, not the first parsed

@@ -14,7 +14,8 @@ _NUMPY_TYPES = {pa.int32(): np.dtype(np.int32), pa.int64(): np.dtype(np.int64),
 
 
 def to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """An ``int32`` / ``int64`` / ``float64`` column without nulls as NumPy (zero-copy for one chunk).
+    """An ``int32`` / ``int64`` / ``float64`` column without nulls as NumPy (zero-copy when it
+    is one chunk).
 
     >>> to_numpy(pa.chunked_array([[1, 2], [3]])).tolist()
     [1, 2, 3]
@@ -23,7 +24,8 @@ def to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     dtype = _NUMPY_TYPES.get(column.type)
     if dtype is None or column.null_count:
-        raise TypeError(f"expected numbers without nulls, got {column.type} ({column.null_count} nulls)")
+        raise TypeError(f"expected numbers without nulls, got {column.type} "
+                        f"({column.null_count} nulls)")
     if len(column) == 0:
         return np.empty(0, dtype)
     return np.frombuffer(column.buffers()[1], dtype, count=len(column),

@@ -126,9 +126,9 @@ def load_records(
     Every rank must call it together. ``mirror`` adds the reverse of every edge (self-loops once)
     before routing, for undirected graphs: each direction then lives with the owner of its own
     key. ``fmt`` may be a function that builds the ``Format``: it is then called inside the load,
-    so a bad argument on one rank raises on every rank. ``threads``: see ``read_records``. Raises on every rank, naming the rank,
-    when any rank fails; ``InconsistentRanksError`` when the ranks planned different files or
-    passed different settings.
+    so a bad argument on one rank raises on every rank. ``threads``: see ``read_records``.
+    Raises on every rank, naming the rank, when any rank fails; ``InconsistentRanksError`` when
+    the ranks planned different files or passed different settings.
     """
     started = time.perf_counter()
     world_size, rank = resolve_world()

@@ -330,7 +330,8 @@ def _fast_sets(data: bytes, fmt: Format) -> Columns:
     has_weight = to_numpy(pc.list_value_length(targets)) == 2
     src, dst = _ids([sources, parts.take(from_numpy(firsts))], fmt)
     weight = np.ones(len(targets))
-    weight[has_weight] = to_numpy(pc.cast(parts.take(from_numpy(firsts[has_weight] + 1)), pa.float64()))
+    weights = parts.take(from_numpy(firsts[has_weight] + 1))
+    weight[has_weight] = to_numpy(pc.cast(weights, pa.float64()))
     return np.repeat(src, counts - 1), dst, weight
 
 

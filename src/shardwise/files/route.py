@@ -12,7 +12,8 @@ import numpy as np
 from shardwise.distributed.exchange import DEFAULT_ROUND_BYTES, all_to_all_joined
 
 
-def group_by_owner(records: np.ndarray, owner: np.ndarray, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+def group_by_owner(records: np.ndarray, owner: np.ndarray,
+                   world_size: int) -> tuple[np.ndarray, np.ndarray]:
     """The records grouped by owning rank (a copy; within an owner, in their order) and how
     many each rank owns.
 
@@ -23,7 +24,7 @@ def group_by_owner(records: np.ndarray, owner: np.ndarray, world_size: int) -> t
     # A stable sort on 16-bit keys is a radix sort: linear in the number of records.
     order = np.argsort(owner.astype(np.uint16 if world_size <= 2**16 else np.int64), kind="stable")
     # Gathering whole rows of bytes is many times faster than NumPy's per-field structured copy.
-    rows = np.ascontiguousarray(records).view(np.uint8).reshape(len(records), records.dtype.itemsize)
+    rows = np.ascontiguousarray(records).view(np.uint8).reshape(len(records), -1)
     grouped = np.take(rows, order, axis=0).reshape(-1).view(records.dtype)
     return grouped, np.bincount(owner, minlength=world_size)
 
