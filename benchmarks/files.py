@@ -31,7 +31,7 @@ from rich.table import Table
 
 from shardwise.distributed.launch import spawn_local
 from shardwise.files import load_graph, load_vectors
-from shardwise.files.threads import parse_threads
+from shardwise.files.threads import rank_threads
 
 # Eight files whose sizes differ by up to 15x, so a per-file split could not balance them.
 SHARES = np.array([0.30, 0.20, 0.15, 0.12, 0.09, 0.07, 0.05, 0.02])
@@ -141,7 +141,7 @@ def shardwise_rank(paths: list[str], pattern: str, ids: str, threads: int | None
         loaded = load_graph(paths, pattern, ids=ids, threads=threads)
     stats = loaded.stats
     return {"bytes": stats.bytes_read, **stats.seconds, "total": stats.total_seconds,
-            "records": stats.records_owned, "threads": threads or parse_threads(),
+            "records": stats.records_owned, "threads": threads or rank_threads(),
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3 - before}
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shardwise.files import Format, ParseError, read_records
-from shardwise.files.threads import ordered_map, parse_threads
+from shardwise.files.threads import ordered_map, rank_threads, take
 
 
 def test_ordered_map_keeps_order_and_runs_on_worker_threads() -> None:
@@ -48,14 +48,26 @@ def test_ordered_map_takes_items_as_threads_free_up() -> None:
     assert len(taken) <= 3  # threads + 1 in flight, not the whole input
 
 
-def test_parse_threads_share_the_cores_among_local_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rank_threads_share_the_cores_among_local_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
-    assert parse_threads() == 2
+    assert rank_threads() == 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
-    assert parse_threads() == 1
+    assert rank_threads() == 1
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert parse_threads() == 8
+    assert rank_threads() == 8
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+@pytest.mark.parametrize("size", [0, 1, 5, 1000])
+def test_take_gathers_like_fancy_indexing(threads: int, size: int) -> None:
+    rng = np.random.default_rng(size)
+    order = rng.integers(0, max(size, 1), size)
+    records = np.zeros(max(size, 1), dtype=[("a", "<i8"), ("v", "<f8", (3,))])
+    records["a"] = rng.integers(-(2**62), 2**62, records.size)
+    records["v"] = rng.random((records.size, 3))
+    for column in (records["a"], records["v"]):  # strided views, 1-D and 2-D
+        assert np.array_equal(take(column, order, threads), column[order])
 
 
 def _lines(tmp_path: Path, bad: dict[int, str], pattern: str = "fmap") -> Path:

@@ -15,6 +15,7 @@ from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
 from shardwise.files.sorting import group_starts, sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
+from shardwise.files.threads import rank_threads, take
 
 Kind = Literal["digraph", "bigraph", "undirected"]
 KINDS = ("digraph", "bigraph", "undirected")
@@ -46,13 +47,17 @@ class Graph:
     @classmethod
     def from_edges(
         cls, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, kind: Kind = "digraph",
-        stats: LoadStats | None = None,
+        stats: LoadStats | None = None, *, threads: int | None = None,
     ) -> Graph:
-        """Group edges by source; each source's edges keep their given order."""
+        """Group edges by source; each source's edges keep their given order.
+
+        The columns are gathered by ``threads`` threads (default ``rank_threads()``).
+        """
         if kind not in KINDS:
             raise ValueError(f"unknown graph kind {kind!r}: choose one of {', '.join(KINDS)}")
+        threads = rank_threads() if threads is None else threads
         sources, order = sort_with_order(src)
-        dst, weight = dst[order], weight[order]
+        dst, weight = take(dst, order, threads), take(weight, order, threads)
         # Freed before the row arrays are allocated, so they reuse its memory rather than
         # touching fresh pages (costly on some virtual machines).
         del order
@@ -165,6 +170,7 @@ def load_graph(
     records, stats = load_records(paths, edge_format, mirror=kind == "undirected",
                                   storage_options=storage_options, **pipeline)
     started = time.perf_counter()
-    graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind)
+    graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind,
+                             threads=pipeline.get("threads"))
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(graph, stats=replace(stats, seconds=seconds))

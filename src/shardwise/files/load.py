@@ -35,7 +35,7 @@ from shardwise.files.plan import Plan, plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
 from shardwise.files.records import edges, join
 from shardwise.files.route import exchange_groups, group_by_owner
-from shardwise.files.threads import ordered_map, parse_threads
+from shardwise.files.threads import ordered_map, rank_threads
 from shardwise.files.sources import Paths, StorageOptions
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes planned) on this rank
@@ -76,11 +76,11 @@ def read_records(
     With ``on_error="skip"`` malformed lines are counted in the stats (and a warning names the
     first few); with ``"raise"`` the first one raises ``ParseError`` naming its file and line.
     No communication: it reads the share of ``rank`` of the plan it makes (or is given).
-    ``threads`` chunks are parsed at once (default ``parse_threads()``: this machine's cores
+    ``threads`` chunks are parsed at once (default ``rank_threads()``: this machine's cores
     shared among its ranks); the records and any error are the same whatever the number.
     """
     world_size, rank = resolve_world(world_size, rank)
-    threads = parse_threads() if threads is None else require_int("threads", threads, minimum=1)
+    threads = rank_threads() if threads is None else require_int("threads", threads, minimum=1)
     started = time.perf_counter()
     the_plan = plan(paths, world_size, storage_options=storage_options)
     if fmt.pattern == "fvec" and fmt.features is None:  # the same on every rank

@@ -13,6 +13,7 @@ from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
 from shardwise.files.sorting import sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
+from shardwise.files.threads import rank_threads, take
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +57,7 @@ def load_vectors(
         storage_options=storage_options, **pipeline)
     started = time.perf_counter()
     ids, order = sort_with_order(records["id"])
-    vectors = Vectors(ids, records["values"][order])
+    threads = pipeline.get("threads") or rank_threads()
+    vectors = Vectors(ids, take(records["values"], order, threads))
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(vectors, stats=replace(stats, seconds=seconds))
