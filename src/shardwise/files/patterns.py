@@ -352,7 +352,7 @@ def _read_csv(data: bytes, fmt: Format, types: list[pa.DataType]) -> pa.Table:
     names = [f"f{i}" for i in range(len(types))]
     return pacsv.read_csv(
         pa.py_buffer(data),
-        # One thread per rank: the ranks are the parallelism.
+        # One thread per call: a rank parses several chunks at once instead (threads.py).
         read_options=pacsv.ReadOptions(column_names=names, use_threads=False,
                                        block_size=_CSV_BLOCK_BYTES),
         parse_options=pacsv.ParseOptions(delimiter=fmt.delimiter, quote_char=False,
