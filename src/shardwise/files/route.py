@@ -24,7 +24,8 @@ def group_by_owner(records: np.ndarray, owner: np.ndarray,
     # A stable sort on 16-bit keys is a radix sort: linear in the number of records.
     order = np.argsort(owner.astype(np.uint16 if world_size <= 2**16 else np.int64), kind="stable")
     # Gathering whole rows of bytes is many times faster than NumPy's per-field structured copy.
-    rows = np.ascontiguousarray(records).view(np.uint8).reshape(len(records), -1)
+    width = records.dtype.itemsize
+    rows = np.ascontiguousarray(records).view(np.uint8).reshape(len(records), width)
     grouped = np.take(rows, order, axis=0).reshape(-1).view(records.dtype)
     return grouped, np.bincount(owner, minlength=world_size)
 
