@@ -60,15 +60,6 @@ def sort_with_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return keys[order], order
 
 
-def stable_argsort(keys: np.ndarray) -> np.ndarray:
-    """The same permutation as ``np.argsort(keys, kind="stable")``, faster for integer keys.
-
-    >>> stable_argsort(np.array([3, -1, 3, 2**62, -1])).tolist()
-    [1, 4, 0, 2, 3]
-    """
-    return sort_with_order(keys)[1]
-
-
 def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(keys, return_inverse=True)`` for integer keys, by one ``sort_with_order``.
 
