@@ -38,7 +38,9 @@ from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
 PATTERNS = ("fmap", "smap", "fsmap", "fset", "fvec")
 Pattern = Literal["fmap", "smap", "fsmap", "fset", "fvec"]
 LineParser = Callable[[str], Sequence[object]]
-Columns = tuple[np.ndarray, ...]  # records by field, as ``record_columns`` lists them
+# Records by field, as ``record_columns`` lists them; fvec values may come as one column per
+# feature (a list), which the builder writes straight into place.
+Columns = tuple[Any, ...]
 
 MAX_EXAMPLES = 10  # bad lines kept (with their location) for the report; all are counted
 _SLOW_PATH_BYTES = 64 * 2**10  # below this, a failing chunk is parsed line by line
@@ -210,8 +212,13 @@ class RecordBuilder:
             self._records = np.empty(expect, self.dtype)
         elif self.count + size > len(self._records):
             self._records.resize(expect, refcheck=False)  # nothing else refers to it
-        for target, column in zip(record_columns(self._records[self.count : self.count + size]), columns):
-            target[...] = column
+        part = self._records[self.count : self.count + size]
+        for target, column in zip(record_columns(part), columns):
+            if isinstance(column, list):  # fvec features one by one: no (rows, k) array between
+                for feature, values in enumerate(column):
+                    target[:, feature] = values
+            else:
+                target[...] = column
         self.count += size
 
     def finish(self) -> np.ndarray:
@@ -276,10 +283,8 @@ def _fast_vectors(data: bytes, fmt: Format) -> Columns:
     if columns > _CSV_MAX_FIELDS:
         return _wide_vectors(data, fmt)
     table = _read_csv(data, fmt, [_id_type(fmt)] + [pa.float64()] * fmt.features)
-    values = np.empty((table.num_rows, fmt.features))
-    for feature in range(fmt.features):
-        values[:, feature] = to_numpy(table.column(feature + 1))
-    return (*_ids([table.column(0)], fmt), values)
+    features = [to_numpy(table.column(feature + 1)) for feature in range(fmt.features)]
+    return (*_ids([table.column(0)], fmt), features)
 
 
 def _wide_vectors(data: bytes, fmt: Format) -> Columns:
