@@ -232,7 +232,7 @@ def _rank_main(fn, rank, world_size, port, backend, conn, parent_pid, args) -> N
     _die_with_parent(parent_pid)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
     )
     try:
         if backend == "nccl":

@@ -15,7 +15,9 @@ from shardwise.files.matrix import MatrixBlock
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
+from shardwise.files.sorting import group_starts, sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
+from shardwise.files.threads import rank_threads, take
 
 Kind = Literal["digraph", "bigraph", "undirected"]
 KINDS = ("digraph", "bigraph", "undirected")
@@ -47,17 +49,25 @@ class Graph:
     @classmethod
     def from_edges(
         cls, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, kind: Kind = "digraph",
-        stats: LoadStats | None = None,
+        stats: LoadStats | None = None, *, threads: int | None = None,
     ) -> Graph:
-        """Group edges by source; each source's edges keep their given order."""
+        """Group edges by source; each source's edges keep their given order.
+
+        The columns are gathered by ``threads`` threads (default ``rank_threads()``).
+        """
         if kind not in KINDS:
             raise ValueError(f"unknown graph kind {kind!r}: choose one of {', '.join(KINDS)}")
-        order = np.argsort(src, kind="stable")
-        sources = src[order]
-        firsts = np.flatnonzero(np.diff(sources)) + 1
-        indptr = np.concatenate([[0], firsts, [sources.size]]).astype(np.int64)
-        row_ids = sources[indptr[:-1]] if sources.size else sources
-        return cls(kind, row_ids, indptr, dst[order], weight[order], stats)
+        threads = rank_threads() if threads is None else threads
+        sources, order = sort_with_order(src)
+        dst, weight = take(dst, order, threads), take(weight, order, threads)
+        # Freed before the row arrays are allocated, so they reuse its memory rather than
+        # touching fresh pages (costly on some virtual machines).
+        del order
+        starts = group_starts(sources)
+        row_ids = sources[starts]
+        del sources
+        indptr = np.flatnonzero(np.append(starts, True)).astype(np.int64, copy=False)
+        return cls(kind, row_ids, indptr, dst, weight, stats)
 
     def vertices(self) -> np.ndarray:
         """The source vertices of this rank's edges, ascending."""
@@ -145,8 +155,8 @@ def load_graph(
     ``pattern`` is ``fmap`` / ``smap`` / ``fsmap`` (``a,b[,w]`` lines) or ``fset`` (``a,b|w,c:w``);
     it decides both the line format and which rank owns each edge. Parquet or Arrow IPC inputs
     are read by row groups, the edges taken from ``columns``: ``(src, dst)`` or
-    ``(src, dst, weight)``. ``pipeline`` takes ``block_bytes``, ``round_bytes`` and ``progress``
-    (see ``load_records``).
+    ``(src, dst, weight)``. ``pipeline`` takes ``block_bytes``, ``round_bytes``, ``progress``
+    and ``threads`` (see ``load_records``).
 
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "g.txt"
@@ -165,6 +175,7 @@ def load_graph(
     records, stats = load_records(paths, edge_format, mirror=kind == "undirected",
                                   storage_options=storage_options, columns=columns, **pipeline)
     started = time.perf_counter()
-    graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind)
+    graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind,
+                             threads=pipeline.get("threads"))
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(graph, stats=replace(stats, seconds=seconds))

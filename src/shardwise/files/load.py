@@ -35,7 +35,8 @@ from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan, input_plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
 from shardwise.files.records import edges, join
-from shardwise.files.route import route
+from shardwise.files.route import exchange_groups, group_by_owner
+from shardwise.files.threads import ordered_map, rank_threads
 from shardwise.files.sources import Paths, StorageOptions
 from shardwise.files.tables import (
     check_columns,
@@ -80,6 +81,7 @@ def read_records(
     progress: Progress | None = None,
     storage_options: StorageOptions | None = None,
     columns: Sequence[str] | None = None,
+    threads: int | None = None,
 ) -> tuple[np.ndarray, LoadStats]:
     """Parse this rank's share of the lines (or rows) into records, before any exchange.
 
@@ -88,8 +90,11 @@ def read_records(
     ``on_error="skip"`` malformed lines are counted in the stats (and a warning names the first
     few); with ``"raise"`` the first one raises ``ParseError`` naming its file and line. No
     communication: it reads the share of ``rank`` of the plan it makes (or is given).
+    ``threads`` chunks of text are parsed at once (default ``rank_threads()``: this machine's
+    cores shared among its ranks); the records and any error are the same whatever the number.
     """
     world_size, rank = resolve_world(world_size, rank)
+    threads = rank_threads() if threads is None else require_int("threads", threads, minimum=1)
     started = time.perf_counter()
     the_plan = input_plan(paths, world_size, storage_options=storage_options)
     fmt, columns = _prepared(the_plan, fmt, columns)
@@ -97,8 +102,9 @@ def read_records(
         parts = read_table_records(the_plan, rank, fmt, columns)
         planned = sum(stretch_bytes(*stretch) for stretch in the_plan.share(rank))
     else:
-        parts = ((parse_chunk(chunk, fmt), len(chunk.data)) for chunk in
-                 iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes))
+        chunks = iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes)
+        parts = ordered_map(lambda chunk: (parse_chunk(chunk, fmt), len(chunk.data)), chunks,
+                            threads)
         planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
     builder = RecordBuilder(fmt.record_dtype())
     bytes_read, lines, skipped, examples, row_groups = 0, 0, 0, [], 0
@@ -155,6 +161,7 @@ def load_records(
     progress: Progress | None = None,
     storage_options: StorageOptions | None = None,
     columns: Sequence[str] | None = None,
+    threads: int | None = None,
 ) -> tuple[np.ndarray, LoadStats]:
     """Read, parse and route: the records this rank owns, over the current process group.
 
@@ -164,9 +171,9 @@ def load_records(
     Every rank must call it together. ``mirror`` adds the reverse of every edge (self-loops once)
     before routing, for undirected graphs: each direction then lives with the owner of its own
     key. ``fmt`` may be a function that builds the ``Format``: it is then called inside the load,
-    so a bad argument on one rank raises on every rank. Raises on every rank, naming the rank,
-    when any rank fails; ``InconsistentRanksError`` when the ranks planned different files or
-    passed different settings.
+    so a bad argument on one rank raises on every rank. ``threads``: see ``read_records``.
+    Raises on every rank, naming the rank, when any rank fails; ``InconsistentRanksError`` when
+    the ranks planned different files or passed different settings.
     """
     started = time.perf_counter()
     world_size, rank = resolve_world()
@@ -182,6 +189,8 @@ def load_records(
         the_format = fmt() if callable(fmt) else fmt
         require_int("round_bytes", round_bytes, minimum=world)
         require_int("block_bytes", block_bytes, minimum=1)
+        if threads is not None:
+            require_int("threads", threads, minimum=1)
         the_plan = input_plan(paths, world, storage_options=storage_options)
         the_format, names = _prepared(the_plan, the_format, columns)
         settings = {**the_format.settings(), "mirror": mirror, "round_bytes": round_bytes,
@@ -191,24 +200,26 @@ def load_records(
     the_plan, (the_format, names) = plan_together(prepare, caller="loading files")
     planned = time.perf_counter()
     records, stats = together(
-        lambda: _read(the_plan, the_format, names, rank, mirror, block_bytes, progress))
-    owned = records
-    if world_size > 1:  # one rank owns everything: no owners to compute
-        owned = route(records, owners(records, the_format.pattern, world_size), world_size,
-                      round_bytes=round_bytes)
+        lambda: _read(the_plan, the_format, names, rank, mirror, block_bytes, progress, threads))
+    if world_size > 1:  # one rank owns everything: no owners to compute, nothing to send
+        grouped, counts = group_by_owner(records, owners(records, the_format.pattern, world_size),
+                                         world_size)
+        del records  # freed before the receive buffer is allocated, which reuses its memory
+        records = exchange_groups(grouped, counts, round_bytes=round_bytes)
+        del grouped
     # Planning counts as reading; the exchange starts after this rank's last parsed line, so
     # waiting for the other ranks to finish theirs is part of it.
     read = planned - started + stats.seconds["read+parse"]
     seconds = {"read+parse": read, "exchange": time.perf_counter() - started - read}
-    return owned, replace(stats, records_owned=len(owned), seconds=seconds)
+    return records, replace(stats, records_owned=len(records), seconds=seconds)
 
 
 def _read(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, ...], rank: int,
-          mirror: bool, block_bytes: int, progress: Progress | None
+          mirror: bool, block_bytes: int, progress: Progress | None, threads: int | None
           ) -> tuple[np.ndarray, LoadStats]:
     records, stats = read_records(the_plan, fmt, rank, the_plan.world_size,
                                   block_bytes=block_bytes, progress=progress,
-                                  columns=columns or None)
+                                  columns=columns or None, threads=threads)
     if mirror:
         kept = records[records["src"] != records["dst"]]
         records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])

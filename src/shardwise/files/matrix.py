@@ -13,6 +13,7 @@ from shardwise.files.load import LoadStats, load_records
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
+from shardwise.files.sorting import unique_inverse
 from shardwise.files.sources import Paths, StorageOptions
 
 
@@ -35,8 +36,8 @@ class MatrixBlock:
         cls, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, stats: LoadStats | None = None
     ) -> MatrixBlock:
         """The block over the distinct rows and columns present, duplicates summed."""
-        row_ids, rows = np.unique(src, return_inverse=True)
-        col_ids, cols = np.unique(dst, return_inverse=True)
+        row_ids, rows = unique_inverse(src)
+        col_ids, cols = unique_inverse(dst)
         matrix = scipy.sparse.csr_array((weight, (rows, cols)), shape=(row_ids.size, col_ids.size))
         matrix.sum_duplicates()
         return cls(matrix, row_ids, col_ids, stats)
@@ -59,7 +60,8 @@ def load_matrix(
     With ``fsmap`` rank ``r`` holds the rows hashing to ``r // npy`` and the columns hashing to
     ``r % npy`` of the ``grid(world_size)``; ``fmap`` / ``smap`` give whole rows / columns.
     Parquet or Arrow IPC inputs give their entries from ``columns``: ``(row, col)`` or
-    ``(row, col, value)``. ``pipeline`` takes ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
+    ``(row, col, value)``. ``pipeline`` takes ``block_bytes``, ``round_bytes``, ``progress`` and
+    ``threads`` (see ``load_records``).
     """
 
     def entry_format() -> Format:  # checked inside the load: a bad argument fails every rank

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from shardwise.checks import require_int
+from shardwise.files.arrow import from_numpy, to_numpy
 from shardwise.files.ids import check_distinct, hash_binary, string_ids
 from shardwise.files.read import Chunk, split_lines
 from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
@@ -37,7 +38,9 @@ from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
 PATTERNS = ("fmap", "smap", "fsmap", "fset", "fvec")
 Pattern = Literal["fmap", "smap", "fsmap", "fset", "fvec"]
 LineParser = Callable[[str], Sequence[object]]
-Columns = tuple[np.ndarray, ...]  # records by field, as ``record_columns`` lists them
+# Records by field, as ``record_columns`` lists them; fvec values may come as one column per
+# feature (a list), which the builder writes straight into place.
+Columns = tuple[Any, ...]
 
 MAX_EXAMPLES = 10  # bad lines kept (with their location) for the report; all are counted
 _SLOW_PATH_BYTES = 64 * 2**10  # below this, a failing chunk is parsed line by line
@@ -209,8 +212,13 @@ class RecordBuilder:
             self._records = np.empty(expect, self.dtype)
         elif self.count + size > len(self._records):
             self._records.resize(expect, refcheck=False)  # nothing else refers to it
-        for target, column in zip(record_columns(self._records[self.count : self.count + size]), columns):
-            target[...] = column
+        part = self._records[self.count : self.count + size]
+        for target, column in zip(record_columns(part), columns):
+            if isinstance(column, list):  # fvec features one by one: no (rows, k) array between
+                for feature, values in enumerate(column):
+                    target[:, feature] = values
+            else:
+                target[...] = column
         self.count += size
 
     def finish(self) -> np.ndarray:
@@ -262,7 +270,7 @@ def _fast_pairs(data: bytes, fmt: Format) -> Columns:
         raise _NeedsSlowPath
     table = _read_csv(data, fmt, [_id_type(fmt)] * 2 + [pa.float64()] * (columns - 2))
     src, dst = _ids([table.column(0), table.column(1)], fmt)
-    weight = table.column(2).to_numpy() if columns == 3 else np.broadcast_to(1.0, len(src))
+    weight = to_numpy(table.column(2)) if columns == 3 else np.broadcast_to(1.0, len(src))
     return src, dst, weight
 
 
@@ -275,10 +283,8 @@ def _fast_vectors(data: bytes, fmt: Format) -> Columns:
     if columns > _CSV_MAX_FIELDS:
         return _wide_vectors(data, fmt)
     table = _read_csv(data, fmt, [_id_type(fmt)] + [pa.float64()] * fmt.features)
-    values = np.empty((table.num_rows, fmt.features))
-    for feature in range(fmt.features):
-        values[:, feature] = table.column(feature + 1).to_numpy()
-    return (*_ids([table.column(0)], fmt), values)
+    features = [to_numpy(table.column(feature + 1)) for feature in range(fmt.features)]
+    return (*_ids([table.column(0)], fmt), features)
 
 
 def _wide_vectors(data: bytes, fmt: Format) -> Columns:
@@ -294,7 +300,7 @@ def _wide_vectors(data: bytes, fmt: Format) -> Columns:
         if len(fields) != fmt.features + 1:
             raise _NeedsSlowPath
         ids.append(fields[0].as_py())
-        values[row] = pc.cast(fields.slice(1), pa.float64()).to_numpy()
+        values[row] = to_numpy(pc.cast(fields.slice(1), pa.float64()))
     return (*_ids([pa.array(ids, type=pa.binary())], fmt), values)
 
 
@@ -312,21 +318,25 @@ def _line_spans(data: bytes) -> Iterator[tuple[int, int]]:
 
 def _fast_sets(data: bytes, fmt: Format) -> Columns:
     fields = pc.split_pattern(_line_array(data), fmt.delimiter)
-    counts = pc.list_value_length(fields).to_numpy()
+    counts = to_numpy(pc.list_value_length(fields))
     if counts.size and counts.min() < 2:
         raise _NeedsSlowPath
     flat = pc.list_flatten(fields)
-    starts = fields.offsets.to_numpy()[:-1] - fields.offsets[0].as_py()
+    starts = to_numpy(fields.offsets)[:-1] - fields.offsets[0].as_py()
     is_source = np.zeros(len(flat), dtype=bool)
     is_source[starts] = True
-    sources = flat.filter(pa.array(is_source))
-    targets = pc.split_pattern(pc.replace_substring(flat.filter(pa.array(~is_source)), ":", "|"),
+    sources = flat.filter(from_numpy(is_source))
+    targets = pc.split_pattern(pc.replace_substring(flat.filter(from_numpy(~is_source)), ":", "|"),
                                "|", max_splits=1)
-    has_weight = pc.list_value_length(targets).to_numpy() == 2
-    src, dst = _ids([sources, pc.list_element(targets, 0)], fmt)
+    # Each target's parts by position in the flattened list, not pc.list_element (whose index
+    # argument makes pyarrow import pandas).
+    parts = pc.list_flatten(targets)
+    firsts = to_numpy(targets.offsets)[:-1].astype(np.int64) - targets.offsets[0].as_py()
+    has_weight = to_numpy(pc.list_value_length(targets)) == 2
+    src, dst = _ids([sources, parts.take(from_numpy(firsts))], fmt)
     weight = np.ones(len(targets))
-    weighted = pc.list_element(targets.filter(pa.array(has_weight)), 1)
-    weight[has_weight] = pc.cast(weighted, pa.float64()).to_numpy()
+    weights = parts.take(from_numpy(firsts[has_weight] + 1))
+    weight[has_weight] = to_numpy(pc.cast(weights, pa.float64()))
     return np.repeat(src, counts - 1), dst, weight
 
 
@@ -347,7 +357,7 @@ def _read_csv(data: bytes, fmt: Format, types: list[pa.DataType]) -> pa.Table:
     names = [f"f{i}" for i in range(len(types))]
     return pacsv.read_csv(
         pa.py_buffer(data),
-        # One thread per rank: the ranks are the parallelism.
+        # One thread per call: a rank parses several chunks at once instead (threads.py).
         read_options=pacsv.ReadOptions(column_names=names, use_threads=False,
                                        block_size=_CSV_BLOCK_BYTES),
         parse_options=pacsv.ParseOptions(delimiter=fmt.delimiter, quote_char=False,
@@ -363,7 +373,7 @@ def _id_type(fmt: Format) -> pa.DataType:
 
 def _ids(columns: list[pa.Array | pa.ChunkedArray], fmt: Format) -> list[np.ndarray]:
     if fmt.ids == "int":
-        return [np.asarray(pc.cast(column, pa.int64()).to_numpy()) for column in columns]
+        return [to_numpy(pc.cast(column, pa.int64())) for column in columns]
     strings = [(pa.chunked_array([column]) if isinstance(column, pa.Array) else column)
                .cast(pa.binary()) for column in columns]
     if any(len(s) and pc.min(pc.binary_length(s)).as_py() == 0 for s in strings):

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shardwise.files.arrow import from_numpy, to_numpy
 from shardwise.files.columnar import TablePlan, Unit, read_unit, say_if_split_by_rows
 from shardwise.files.ids import check_distinct, hash_binary
 from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, ParseError, Parsed
@@ -178,12 +179,12 @@ def _vectors(table: pa.Table, fmt: Format, columns: tuple[str, ...], bad_rows: n
             if table.num_rows else np.empty((0, len(columns) - 1))
         return ids, values, wrong_length
     lists = table[columns[1]].combine_chunks()
-    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    lengths = to_numpy(pc.fill_null(pc.list_value_length(lists), 0).cast(pa.int64()))
     wrong_length = (lengths != fmt.features) & ~bad_rows
     good = ~(wrong_length | bad_rows)
     values = np.zeros((table.num_rows, fmt.features))
     if good.any():
-        kept = lists.filter(pa.array(good))
+        kept = lists.filter(from_numpy(good))
         values[good] = _floats(pa.chunked_array([kept.flatten()]), columns[1], file
                                ).reshape(-1, fmt.features)
     return ids, values, wrong_length
@@ -202,14 +203,15 @@ def _bad_row(table: pa.Table, row: int, columns: tuple[str, ...], file: str, fir
 def _nulls(column: pa.ChunkedArray) -> np.ndarray:
     if column.null_count == 0:
         return np.zeros(len(column), dtype=bool)
-    return pc.is_null(column).to_numpy(zero_copy_only=False)
+    return to_numpy(pc.is_null(column).cast(pa.int32())).astype(bool)
 
 
 def _filled(column: pa.ChunkedArray, kind: pa.DataType, fill: int | float) -> np.ndarray:
-    """The column cast to ``kind`` as NumPy, nulls (bad rows, dropped later) filled."""
+    """The column cast to ``kind`` as NumPy, nulls (bad rows, dropped later) filled; through its
+    buffers, as pyarrow's own ``to_numpy`` imports pandas."""
     if column.null_count:
         column = pc.fill_null(column, pa.scalar(fill).cast(column.type))
-    return np.asarray(column.cast(kind).to_numpy())
+    return to_numpy(column.cast(kind))
 
 
 def _is_text(kind: pa.DataType) -> bool:

@@ -12,7 +12,9 @@ from shardwise.files.load import LoadStats, load_records
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
+from shardwise.files.sorting import sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
+from shardwise.files.threads import rank_threads, take
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,8 +46,8 @@ def load_vectors(
     Every line needs ``features`` values, by default as many as the input's first line has; a
     line with another number is malformed (``on_error`` decides). Parquet or Arrow IPC inputs
     give their vectors from ``columns``: ``(id, values)`` with ``values`` a list column, or
-    ``(id, f1, ..., fk)``, one value per column. ``pipeline`` takes
-    ``block_bytes``, ``round_bytes`` and ``progress`` (see ``load_records``).
+    ``(id, f1, ..., fk)``, one value per column. ``pipeline`` takes ``block_bytes``,
+    ``round_bytes``, ``progress`` and ``threads`` (see ``load_records``).
 
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "v.txt"
@@ -58,7 +60,8 @@ def load_vectors(
         paths, lambda: Format("fvec", delimiter, ids, parser, on_error, features),
         storage_options=storage_options, columns=columns, **pipeline)
     started = time.perf_counter()
-    order = np.argsort(records["id"], kind="stable")
-    vectors = Vectors(records["id"][order], records["values"][order])
+    ids, order = sort_with_order(records["id"])
+    threads = pipeline.get("threads") or rank_threads()
+    vectors = Vectors(ids, take(records["values"], order, threads))
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(vectors, stats=replace(stats, seconds=seconds))

@@ -1,0 +1,78 @@
+"""Threads within one rank: how many, an in-order map over chunks, and a parallel gather.
+
+``pyarrow.csv`` parses, and NumPy gathers, without holding the GIL, so a rank that parses several
+chunks at once, or gathers a build's columns in parts, on threads uses several cores. Ranks on
+one machine share its cores: each takes the cores this process may run on
+(``os.sched_getaffinity``) divided by ``LOCAL_WORLD_SIZE`` (set by torchrun and by
+``spawn_local``), at least one, so the machine is not oversubscribed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+
+from shardwise.checks import require_int
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+def rank_threads() -> int:
+    """The threads one rank works with: its machine's cores shared among the local ranks.
+
+    >>> 1 <= rank_threads() <= (os.cpu_count() or 1)
+    True
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    return max(1, (cores or 1) // max(local_ranks, 1))
+
+
+def ordered_map(fn: Callable[[In], Out], items: Iterable[In], threads: int) -> Iterator[Out]:
+    """``map(fn, items)`` on ``threads`` threads: results in the items' order, each item taken
+    from ``items`` (in this thread) only when a thread is about to be free for it, so at most
+    ``threads + 1`` items are held at once. An exception is raised where its item's result would
+    have been; the items after it are then cancelled or waited for.
+
+    >>> list(ordered_map(lambda x: x * x, range(5), threads=2))
+    [0, 1, 4, 9, 16]
+    """
+    threads = require_int("threads", threads, minimum=1)
+    if threads == 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="shardwise-parse")
+    pending: deque[Future[Out]] = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) > threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def take(values: np.ndarray, order: np.ndarray, threads: int) -> np.ndarray:
+    """``values[order]`` (whole rows of a 2-D array), each thread gathering one part of ``order``.
+
+    >>> take(np.array([10, 20, 30]), np.array([2, 0, 1]), threads=2).tolist()
+    [30, 10, 20]
+    """
+    out = np.empty((order.size, *values.shape[1:]), dtype=values.dtype)
+    bounds = np.linspace(0, order.size, threads + 1).astype(np.int64)
+
+    def part(i: int) -> None:  # mode="clip": "raise" would buffer the output (order is valid)
+        lo, hi = bounds[i], bounds[i + 1]
+        np.take(values, order[lo:hi], axis=0, out=out[lo:hi], mode="clip")
+
+    for _ in ordered_map(part, range(threads), threads):
+        pass
+    return out
