@@ -12,6 +12,7 @@ do not fail with "connection closed" errors that would bury the real one.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import pickle
 import re
@@ -253,7 +254,7 @@ def _rank_main(fn, rank, world_size, port, backend, conn, parent_pid, args) -> N
         except EOFError:
             pass  # the parent is gone
     elif torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
+        _leave_group()
 
 
 def _pickled(error: BaseException) -> bytes | None:
@@ -285,4 +286,15 @@ def process_group_from_env(backend: str = "gloo") -> Iterator[None]:
         yield
     finally:
         if joining:
-            torch_dist.destroy_process_group()
+            _leave_group()
+
+
+def _leave_group() -> None:
+    """Destroy the default process group, after collecting what still uses it.
+
+    A DistributedDataParallel model in a reference cycle outlives its function until the next
+    garbage collection; if that comes after the group is gone (at exit), the interpreter can
+    abort ("terminate called without an active exception").
+    """
+    gc.collect()
+    torch_dist.destroy_process_group()
