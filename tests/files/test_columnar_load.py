@@ -169,3 +169,15 @@ def test_an_arrow_file_without_a_named_column_is_named(tmp_path) -> None:
         load_graph(tmp_path, "fmap", columns=("src", "dst", "w"))
     with pytest.raises(ValueError, match=re.escape("features=3, but columns names 1 value column(s)")):
         load_vectors(tmp_path, columns=("src", "dst"), features=3)
+
+
+def test_a_vector_holding_a_null_value_is_a_bad_row_and_empty_files_are_fine(tmp_path) -> None:
+    schema = pa.schema([("id", pa.int64()), ("v", pa.list_(pa.float64()))])
+    pq.write_table(schema.empty_table(), tmp_path / "a.parquet")  # no rows at all
+    pq.write_table(pa.table({"id": [1, 2, 3], "v": [[1.0, None], [2.0, 3.0], [4.0, 5.0]]},
+                            schema=schema), tmp_path / "b.parquet", row_group_size=2)
+    with pytest.raises(ParseError, match=r"b.parquet:1: null value in the vector in column 'v'"):
+        load_vectors(tmp_path, columns=("id", "v"))
+    with pytest.warns(UserWarning, match="skipped 1 malformed row"):
+        ids, values = load_vectors(tmp_path, columns=("id", "v"), on_error="skip")
+    assert ids.tolist() == [2, 3] and values.tolist() == [[2.0, 3.0], [4.0, 5.0]]

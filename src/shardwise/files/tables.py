@@ -171,7 +171,8 @@ def _floats(column: pa.ChunkedArray, name: str, file: str) -> np.ndarray:
 
 def _vectors(table: pa.Table, fmt: Format, columns: tuple[str, ...], bad_rows: np.ndarray,
              file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ids, a ``(rows, features)`` array, and which rows hold a vector of another length."""
+    """Ids, a ``(rows, features)`` array, and which rows hold a vector of another length (or
+    with a null value)."""
     ids = _ids(table[columns[0]], columns[0], fmt, file)
     wrong_length = np.zeros(table.num_rows, dtype=bool)
     if len(columns) > 2 or not _is_list(table[columns[1]].type):
@@ -181,6 +182,11 @@ def _vectors(table: pa.Table, fmt: Format, columns: tuple[str, ...], bad_rows: n
     lists = table[columns[1]].combine_chunks()
     lengths = to_numpy(pc.fill_null(pc.list_value_length(lists), 0).cast(pa.int64()))
     wrong_length = (lengths != fmt.features) & ~bad_rows
+    flat = lists.flatten()
+    if flat.null_count:  # a vector holding a null value is as bad as one of the wrong length
+        parents = to_numpy(pc.list_parent_indices(lists).cast(pa.int64()))
+        wrong_length[parents[_nulls(pa.chunked_array([flat]))]] = True
+        wrong_length &= ~bad_rows
     good = ~(wrong_length | bad_rows)
     values = np.zeros((table.num_rows, fmt.features))
     if good.any():
@@ -194,8 +200,12 @@ def _bad_row(table: pa.Table, row: int, columns: tuple[str, ...], file: str, fir
              fmt: Format) -> BadLine:
     values = {c: table[c][int(row)].as_py() for c in columns}
     nulls = [c for c in columns if values[c] is None]
-    reason = (f"null in column {nulls[0]!r}" if nulls else
-              f"vector of {len(values[columns[1]])} values, not {fmt.features}")
+    if nulls:
+        reason = f"null in column {nulls[0]!r}"
+    elif None in values[columns[1]]:
+        reason = f"null value in the vector in column {columns[1]!r}"
+    else:
+        reason = f"vector of {len(values[columns[1]])} values, not {fmt.features}"
     shown = "{" + ", ".join(f"{c}: {values[c]}" for c in columns) + "}"
     return BadLine(file, first_row + int(row) + 1, shown, reason)
 
