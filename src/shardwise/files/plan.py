@@ -129,6 +129,8 @@ def input_plan(
     'Plan'
     """
     if isinstance(paths, (Plan, TablePlan)):
+        if paths.world_size == world_size:
+            return paths  # planned already: a table plan is not read again
         sources = paths.sources
     else:
         sources = tuple(expand(paths, storage_options))
