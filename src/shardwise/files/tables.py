@@ -8,8 +8,8 @@ the text loader hashes string ids, so the same id gets the same integer from eit
 
 A null in a named column, or a vector of the wrong length or holding a null, is a bad row:
 ``on_error="raise"`` raises ``ParseError`` naming its file and row (counted from 1 in the file,
-as lines are); ``"skip"`` counts it and goes on. A column of the wrong type, or one the file lacks, is an error
-naming it whatever ``on_error`` says, as no row of that input can be right.
+as lines are); ``"skip"`` counts it and goes on. A column of the wrong type, or one the file
+lacks, is an error naming it whatever ``on_error`` says, as no row of that input can be right.
 """
 
 from __future__ import annotations
