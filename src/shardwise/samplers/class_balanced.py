@@ -15,8 +15,7 @@ computed directly: O(|C|) to resume anywhere, nothing stored per epoch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,20 +25,15 @@ from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import mix64, mix_ints
 from shardwise.order import FeistelOrder
-from shardwise.samplers.passes import SEED_MAX, SEED_MIN, EpochSampler
+from shardwise.samplers.passes import SEED_MAX, SEED_MIN
+from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
 from shardwise.split import rank_count
 
-STATE_VERSION = 1
 _FINGERPRINT_POINTS = 64
 
 
-@dataclass(frozen=True)
-class _Position:
-    epoch: int
-    offset: int  # samples of this rank's stream consumed before the pass (a resume)
 
-
-class ClassBalancedSampler(EpochSampler):
+class ClassBalancedSampler(RankStreamSampler):
     """Per-rank streams of rounds, each round every class once, in a fresh random order.
 
     Args:
@@ -57,6 +51,10 @@ class ClassBalancedSampler(EpochSampler):
     >>> [sorted(stream[k:k + 3]) for k in (0, 3)]
     [[0, 1, 2], [0, 1, 2]]
     """
+
+    # A stream drawn per rank resumes only on its own world size.
+    _RESUME_HINT = ("a class-balanced stream resumes only where it was saved (start the next "
+                    "epoch with set_epoch on another world size)")
 
     def __init__(
         self,
@@ -82,13 +80,10 @@ class ClassBalancedSampler(EpochSampler):
 
     # -- the stream ------------------------------------------------------------------------------
 
-    def _start_of(self, epoch: int) -> _Position:
-        return _Position(epoch, 0)
-
-    def _pass_length(self, at: _Position) -> int:
+    def _pass_length(self, at: StreamPosition) -> int:
         return max(0, self.num_samples - at.offset)
 
-    def _take(self, at: _Position, context: Any, start: int, stop: int) -> np.ndarray:
+    def _take(self, at: StreamPosition, context: Any, start: int, stop: int) -> np.ndarray:
         positions = np.arange(at.offset + start, at.offset + stop, dtype=np.int64)
         return self.stream(at.epoch, positions)
 
@@ -144,34 +139,6 @@ class ClassBalancedSampler(EpochSampler):
         """A digest of the labels (class sizes and labels at fixed positions) and the position."""
         return mix_ints(self.size, *self.class_sizes[:_FINGERPRINT_POINTS].tolist(),
                         *self._fingerprint_points.tolist(), self._at.offset)
-
-    # -- checkpoints -----------------------------------------------------------------------------
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where this rank's stream stands; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
-        share = len(self)
-        used = self._used()[0] if consumed is None else require_int("consumed", consumed, minimum=0)
-        if used > share:
-            raise ValueError(f"consumed={used} but this rank's pass has only {share} samples")
-        return {"version": STATE_VERSION, **self.config(), "consumed": self._at.offset + used}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue the saved epoch at the saved stream position (on the same world size)."""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"a sampler state is a dict, got {type(state).__name__}")
-        expected = {"version": STATE_VERSION, **self.config(), "epoch": state.get("epoch")}
-        for key, value in expected.items():
-            if state.get(key) != value:
-                raise ValueError(
-                    f"the state was saved with {key}={state.get(key)!r} but this sampler has "
-                    f"{key}={value!r}; a class-balanced stream resumes only where it was saved "
-                    "(start the next epoch with set_epoch on another world size)")
-        epoch = self._checked_epoch(state["epoch"])
-        consumed = require_int("saved consumed", state.get("consumed"), minimum=0)
-        if consumed > self.num_samples:
-            raise ValueError(f"the state says consumed={consumed} but the stream has only "
-                             f"{self.num_samples} samples")
-        self._stand_at(_Position(epoch, consumed))
 
     def __repr__(self) -> str:
         return f"ClassBalancedSampler(rank={self.rank}, " + ", ".join(

@@ -10,8 +10,7 @@ exponential keys) is split over the ranks: no sample is drawn twice across the w
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,18 +19,13 @@ import torch
 from shardwise.checks import require_bool, require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import mix_ints
-from shardwise.samplers.passes import SEED_MAX, SEED_MIN, EpochSampler
-
-STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class _Position:
-    epoch: int
-    offset: int
+from shardwise.samplers.passes import SEED_MAX, SEED_MIN
+from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
 
 
-class WeightedDistributedSampler(EpochSampler):
+
+
+class WeightedDistributedSampler(RankStreamSampler):
     """Draw ``num_samples`` indices a rank, each ``i`` with probability proportional to ``weights[i]``.
 
     Args:
@@ -75,13 +69,10 @@ class WeightedDistributedSampler(EpochSampler):
         self._cached_permutation: tuple[int, np.ndarray] | None = None
         self._init_epochs()
 
-    def _start_of(self, epoch: int) -> _Position:
-        return _Position(epoch, 0)
-
-    def _pass_length(self, at: _Position) -> int:
+    def _pass_length(self, at: StreamPosition) -> int:
         return max(0, self.num_samples - at.offset)
 
-    def _take(self, at: _Position, context: Any, start: int, stop: int) -> np.ndarray:
+    def _take(self, at: StreamPosition, context: Any, start: int, stop: int) -> np.ndarray:
         first, count = at.offset + start, stop - start
         if not self.replacement:
             positions = np.arange(first, first + count, dtype=np.int64)
@@ -122,33 +113,6 @@ class WeightedDistributedSampler(EpochSampler):
         points = np.linspace(0, len(self.weights) - 1, 64, dtype=np.int64)
         sums = self._cumulative[points].view(np.int64).tolist()
         return mix_ints(len(self.weights), *sums, self._at.offset)
-
-    # -- checkpoints -----------------------------------------------------------------------------
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where this rank's draws stand; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
-        share = len(self)
-        used = self._used()[0] if consumed is None else require_int("consumed", consumed, minimum=0)
-        if used > share:
-            raise ValueError(f"consumed={used} but this rank's pass has only {share} samples")
-        return {"version": STATE_VERSION, **self.config(), "consumed": self._at.offset + used}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue the saved epoch at the saved position (on the same world size)."""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"a sampler state is a dict, got {type(state).__name__}")
-        expected = {"version": STATE_VERSION, **self.config(), "epoch": state.get("epoch")}
-        for key, value in expected.items():
-            if state.get(key) != value:
-                raise ValueError(
-                    f"the state was saved with {key}={state.get(key)!r} but this sampler has "
-                    f"{key}={value!r}; build the sampler as it was when the state was saved")
-        epoch = self._checked_epoch(state["epoch"])
-        consumed = require_int("saved consumed", state.get("consumed"), minimum=0)
-        if consumed > self.num_samples:
-            raise ValueError(f"the state says consumed={consumed} but a rank draws only "
-                             f"{self.num_samples}")
-        self._stand_at(_Position(epoch, consumed))
 
 
 def _checked_weights(weights: Any) -> np.ndarray:

@@ -1,0 +1,63 @@
+"""Checkpoints of samplers whose pass is one rank's own stream: its epoch and how far into it.
+
+A class-balanced or weighted stream is drawn for one rank from (seed, epoch, rank), so its
+position is just the samples consumed, and it resumes only on the world size it was saved on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardwise.checks import require_int
+from shardwise.samplers.passes import EpochSampler
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    epoch: int
+    offset: int  # samples of this rank's stream consumed before the pass (a resume)
+
+
+class RankStreamSampler(EpochSampler):
+    """An ``EpochSampler`` of ``num_samples`` per rank and epoch, with ``state_dict`` /
+    ``load_state_dict``; subclasses give ``config()`` and what to do when a state does not fit."""
+
+    num_samples: int
+    _at: StreamPosition
+    _RESUME_HINT = "build the sampler as it was when the state was saved"
+
+    def config(self) -> dict[str, Any]:
+        """The settings a saved state must match (and that ``check_consistent`` compares)."""
+        raise NotImplementedError
+
+    def _start_of(self, epoch: int) -> StreamPosition:
+        return StreamPosition(epoch, 0)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where this rank's stream stands; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
+        share = len(self)
+        used = self._used()[0] if consumed is None else require_int("consumed", consumed, minimum=0)
+        if used > share:
+            raise ValueError(f"consumed={used} but this rank's pass has only {share} samples")
+        return {"version": STATE_VERSION, **self.config(), "consumed": self._at.offset + used}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the saved epoch at the saved stream position (on the same world size)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a sampler state is a dict, got {type(state).__name__}")
+        expected = {"version": STATE_VERSION, **self.config(), "epoch": state.get("epoch")}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"the state was saved with {key}={state.get(key)!r} but this sampler has "
+                    f"{key}={value!r}; {self._RESUME_HINT}")
+        epoch = self._checked_epoch(state["epoch"])
+        consumed = require_int("saved consumed", state.get("consumed"), minimum=0)
+        if consumed > self.num_samples:
+            raise ValueError(f"the state says consumed={consumed} but this rank's stream holds "
+                             f"only {self.num_samples} samples")
+        self._stand_at(StreamPosition(epoch, consumed))
