@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,3 +215,25 @@ def _reset(sock: socket.socket) -> None:
     """Close ``sock`` with a TCP RST (linger 0), as a dropped connection looks to the client."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+def store_fixtures(objects: Callable[[], dict[str, bytes]]) -> tuple[Any, Any]:
+    """A test module's ``store`` fixture (one server holding ``objects()``, started once for the
+    module) and an autouse fixture that clears its faults around every test.
+
+    Use as ``store, _no_faults = store_fixtures(make_objects)`` at a test module's top level.
+    """
+
+    @pytest.fixture(scope="module")
+    def store() -> Iterator[ObjectStore]:
+        with object_store() as running:
+            running.upload(objects())
+            yield running
+
+    @pytest.fixture(autouse=True)
+    def _no_faults(store: ObjectStore) -> Iterator[None]:
+        store.faults.reset()
+        yield
+        store.faults.reset()
+
+    return store, _no_faults

@@ -12,7 +12,6 @@ import random
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
@@ -21,7 +20,7 @@ from shardwise.cli import main
 from shardwise.distributed.launch import spawn_local
 from shardwise.files import agreed_plan, iter_chunks, load_graph, plan, read_lines, remote
 from shardwise.files.read import chunk_lines, split_lines
-from tests.files.object_store import BUCKET, KEY, SECRET, ObjectStore, object_store
+from tests.files.object_store import BUCKET, KEY, SECRET, ObjectStore, store_fixtures
 
 TOKEN = "SessionTokenNeverShown123"
 PASSWORD = "PasswordNeverShown456"
@@ -58,18 +57,7 @@ def _edge_objects() -> dict[str, bytes]:
             .encode() for part in range(3)}
 
 
-@pytest.fixture(scope="module")
-def store() -> Iterator[ObjectStore]:
-    with object_store() as running:
-        running.upload({**_lines_objects(), **_edge_objects()})
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _no_faults(store: ObjectStore) -> Iterator[None]:
-    store.faults.reset()
-    yield
-    store.faults.reset()
+store, _no_faults = store_fixtures(lambda: {**_lines_objects(), **_edge_objects()})
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ exactly one rank, through failing requests, and no credential in any message."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +11,7 @@ import pytest
 
 from shardwise.distributed.launch import spawn_local
 from shardwise.files import read_table, remote, table_plan
-from tests.files.object_store import BUCKET, KEY, SECRET, ObjectStore, object_store
+from tests.files.object_store import BUCKET, KEY, SECRET, ObjectStore, store_fixtures
 
 GROUPS = [[400, 150, 150], [90], [300, 10, 10, 10, 200], [60, 60]]  # rows per row group, per file
 
@@ -41,18 +40,7 @@ def _objects() -> dict[str, bytes]:
 ALL_IDS = list(range(sum(map(sum, GROUPS))))
 
 
-@pytest.fixture(scope="module")
-def store() -> Iterator[ObjectStore]:
-    with object_store() as running:
-        running.upload(_objects())
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _no_faults(store: ObjectStore) -> Iterator[None]:
-    store.faults.reset()
-    yield
-    store.faults.reset()
+store, _no_faults = store_fixtures(_objects)
 
 
 def _rank_ids(options: dict) -> list[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Iterator
 from itertools import islice
 
 import pyarrow as pa
@@ -16,7 +15,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from shardwise import shard_iterable
 from shardwise.distributed.launch import spawn_local
 from shardwise.streams.files import line_shards, row_group_shards
-from tests.files.object_store import BUCKET, ObjectStore, object_store
+from tests.files.object_store import BUCKET, ObjectStore, store_fixtures
 
 HEAD = 9  # items each rank takes before it stops mid-epoch: inside its first objects
 
@@ -35,18 +34,7 @@ def _objects() -> dict[str, bytes]:
 LINES = Counter(f"object{n}-line{i}" for n in range(6) for i in range(20 + 15 * n))
 
 
-@pytest.fixture(scope="module")
-def store() -> Iterator[ObjectStore]:
-    with object_store() as running:
-        running.upload(_objects())
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _no_faults(store: ObjectStore) -> Iterator[None]:
-    store.faults.reset()
-    yield
-    store.faults.reset()
+store, _no_faults = store_fixtures(_objects)
 
 
 def _stream(options: dict):
