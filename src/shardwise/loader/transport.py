@@ -12,6 +12,7 @@ by where it lies in the slot. The main process copies the arrays out and hands t
 from __future__ import annotations
 
 import collections.abc
+import ctypes
 import mmap
 import os
 import pickle
@@ -48,18 +49,33 @@ class SharedSlot:
         self.fd = fd
         self.buffer = mmap.mmap(fd, size)
         self._base = torch.frombuffer(self.buffer, dtype=torch.uint8, count=size)
+        self._address = self._base.data_ptr()
 
     @property
     def full(self) -> bool:
-        return bool(self._base[0])
+        return bool(self.buffer[0])  # the mapping's own byte: no tensor made to read it
 
     @full.setter
     def full(self, value: bool) -> None:
-        self._base[0] = int(value)
+        self.buffer[0] = int(value)
 
     def bytes(self, offset: int, count: int) -> torch.Tensor:
         """A uint8 tensor over ``count`` bytes of the slot from ``offset`` (shared, not copied)."""
         return self._base[offset : offset + count]
+
+    def copy_in(self, offset: int, count: int, address: int) -> None:
+        """Copy ``count`` bytes from memory at ``address`` to ``offset`` (one memcpy, no views)."""
+        ctypes.memmove(self._inside(offset, count), address, count)
+
+    def copy_out(self, offset: int, count: int, address: int) -> None:
+        """Copy ``count`` bytes from ``offset`` to memory at ``address`` (one memcpy, no views)."""
+        ctypes.memmove(address, self._inside(offset, count), count)
+
+    def _inside(self, offset: int, count: int) -> int:
+        """The address of ``offset``, once ``count`` bytes from there are known to lie inside."""
+        if not 0 <= offset <= offset + count <= self.size:
+            raise ValueError(f"bytes {offset}..{offset + count} lie outside a slot of {self.size}")
+        return self._address + offset
 
     def holds(self, tensor: torch.Tensor) -> int | None:
         """Where ``tensor``'s data starts in this slot, or ``None`` when it lies elsewhere."""
@@ -120,13 +136,18 @@ class Arena:
         self.slot = slot
         self.used = HEADER
 
-    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-        nbytes = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+    def reserve(self, count: int) -> int | None:
+        """Where the next ``count`` bytes go in the slot; ``None`` when they do not fit."""
         start = _aligned(self.used)
-        if start + nbytes > self.slot.size or nbytes == 0:
+        if start + count > self.slot.size or count == 0:
             return None
-        self.used = start + nbytes
-        return self.slot.bytes(start, nbytes).view(dtype).view(shape)
+        self.used = start + count
+        return start
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        count = _numel(shape) * dtype.itemsize
+        start = self.reserve(count)
+        return None if start is None else self.slot.bytes(start, count).view(dtype).view(shape)
 
 
 def flatten(batch: Any) -> tuple[Any, list[Array]]:
@@ -160,14 +181,13 @@ def pack(arrays: list[Array], arena: Arena) -> list[int] | None:
         tensor = _as_tensor(array)
         offset = arena.slot.holds(tensor)
         if offset is None:
-            target = arena.allocate(tuple(tensor.shape), tensor.dtype) if tensor.numel() else None
-            if target is None and tensor.numel():
-                return None
-            if target is not None:
-                target.copy_(tensor)
-                offset = arena.slot.holds(target)
-            else:
+            count = tensor.numel() * tensor.element_size()
+            if not count:
                 offset = 0  # nothing to copy: an empty array
+            elif (offset := arena.reserve(count)) is None:
+                return None
+            else:
+                arena.slot.copy_in(offset, count, tensor.data_ptr())
         offsets.append(offset)
     return offsets
 
@@ -188,17 +208,14 @@ def unpack(tree: Any, offsets: list[int], slot: SharedSlot, pin: bool = False) -
 
     def restore(obj: Any) -> Any:
         if isinstance(obj, Placed):
-            size = _numel(obj.shape)
             if obj.numpy:
-                out = np.empty(obj.shape, obj.dtype)
-                if size:
-                    source = slot.bytes(offsets[obj.index], out.nbytes).numpy()
-                    out.reshape(-1).view(np.uint8)[:] = source
-                return out
+                array = np.empty(obj.shape, obj.dtype)
+                slot.copy_out(offsets[obj.index], array.nbytes, array.ctypes.data)
+                return array
+            # One plain memcpy: torch's copy_ would start threads for it, and views cost more
+            # than copying a small batch.
             out = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=pin)
-            if size:  # a NumPy copy: one plain memcpy (torch's would start threads for it)
-                target = out.view(-1).view(torch.uint8).numpy()
-                target[:] = slot.bytes(offsets[obj.index], target.size).numpy()
+            slot.copy_out(offsets[obj.index], out.nbytes, out.data_ptr())
             return out
         return map_containers(restore, obj)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import select
 import signal
 import time
 from collections import deque
@@ -30,10 +31,10 @@ from torch.utils.data.dataloader import default_collate as torch_default_collate
 from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, receive, send
 
 FIRST_SLOT_BYTES = 4 * 2**20  # address space only: pages cost memory once a batch touches them
-# An idle worker checks this often that its main process still lives. (Not PR_SET_PDEATHSIG:
+# An idle worker checks this often (milliseconds) that its main process still lives. (Not PR_SET_PDEATHSIG:
 # that kills a worker when the *thread* that started it exits, not only its process.)
-PARENT_CHECK_SECONDS = 1.0
-SLOT_CHECK_SECONDS = 0.0005  # how often a worker looks again at a slot not yet copied out
+PARENT_CHECK_MS = 1000
+SLOT_CHECK_MS = 1  # how often a worker looks again at a slot not yet copied out
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class _ProcessWorker:
     def __init__(self, conn: Connection, spec: WorkerSpec, worker_id: int, collate_fn: Any) -> None:
         self.conn, self.spec, self.worker_id, self.collate_fn = conn, spec, worker_id, collate_fn
         self.parent = os.getppid()
+        # Made once: ``Connection.poll`` builds a new selector every call, twice a batch.
+        self.incoming = select.poll()
+        self.incoming.register(conn.fileno(), select.POLLIN)
         self.slots: list[SharedSlot | None] = [None] * spec.slots
         self.sent = 0  # batches sent: slots are filled round-robin
         self.pending: deque[tuple[int, Any]] = deque()
@@ -132,10 +136,10 @@ class _ProcessWorker:
         while True:
             busy = bool(self.pending)
             if busy and self._next_slot_full():  # the main process has not copied it out yet
-                wait = SLOT_CHECK_SECONDS
+                wait = SLOT_CHECK_MS
             else:
-                wait = 0 if busy else PARENT_CHECK_SECONDS
-            if self.conn.poll(wait):
+                wait = 0 if busy else PARENT_CHECK_MS
+            if self.incoming.poll(wait):
                 if not self._handle(receive(self.conn)):
                     return
             elif busy and not self._next_slot_full():
