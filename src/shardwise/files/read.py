@@ -103,10 +103,33 @@ def _chunks(pieces: list[Piece], block_bytes: int) -> Iterator[Chunk]:
             # then not kept waiting for a request per cut.
             lo = _line_start(read, piece.start, size)
             for cut in [*range(piece.start + block_bytes, piece.stop, block_bytes), piece.stop]:
-                hi = _line_start(read, cut, size)
-                if lo < hi:
-                    yield Chunk(source, lo, _read_exactly(read, lo, hi, source))
+                if cut <= lo:  # a line longer than a block: its end is already past this cut
+                    continue
+                if source.remote:
+                    hi, data = _through_line_end(read, lo, cut, source)
+                else:
+                    hi = _line_start(read, cut, size)
+                    data = _read_exactly(read, lo, hi, source)
+                if data:
+                    yield Chunk(source, lo, data)
                 lo = hi
+
+
+def _through_line_end(read: ReadRange, lo: int, cut: int, source: Source) -> tuple[int, bytes]:
+    """``(hi, bytes [lo, hi))``, ``hi`` the first line start at or after ``cut``, in one request.
+
+    The request runs ``_SCAN_BYTES`` past the cut, where the line end nearly always lies: a
+    remote chunk then costs one round trip, not a second one to look for its end.
+    """
+    size = source.size
+    data = _read_exactly(read, lo, min(cut + _SCAN_BYTES, size), source)
+    if cut >= size:
+        return size, data
+    newline = data.find(b"\n", cut - 1 - lo)
+    if newline >= 0:
+        return lo + newline + 1, data[: newline + 1]
+    hi = _line_start(read, lo + len(data), size)  # a line longer than the scan: read on to its end
+    return hi, data + _read_exactly(read, lo + len(data), hi, source)
 
 
 def read_bytes(
