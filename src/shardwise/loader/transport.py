@@ -79,7 +79,7 @@ class SharedSlot:
 
     def holds(self, tensor: torch.Tensor) -> int | None:
         """Where ``tensor``'s data starts in this slot, or ``None`` when it lies elsewhere."""
-        start = tensor.data_ptr() - self._base.data_ptr()
+        start = tensor.data_ptr() - self._address
         inside = 0 <= start and start + tensor.numel() * tensor.element_size() <= self.size
         return start if inside and tensor.is_contiguous() else None
 

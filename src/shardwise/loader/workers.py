@@ -31,8 +31,9 @@ from torch.utils.data.dataloader import default_collate as torch_default_collate
 from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, receive, send
 
 FIRST_SLOT_BYTES = 4 * 2**20  # address space only: pages cost memory once a batch touches them
-# An idle worker checks this often (milliseconds) that its main process still lives. (Not PR_SET_PDEATHSIG:
-# that kills a worker when the *thread* that started it exits, not only its process.)
+# An idle worker checks this often (milliseconds) that its main process still lives. (Not
+# PR_SET_PDEATHSIG: that kills a worker when the *thread* that started it exits, not only its
+# process.)
 PARENT_CHECK_MS = 1000
 SLOT_CHECK_MS = 1  # how often a worker looks again at a slot not yet copied out
 
