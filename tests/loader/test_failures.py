@@ -84,12 +84,32 @@ def test_a_worker_exception_names_the_worker_the_indices_and_the_traceback(worke
     assert "sample 7 is corrupt" in message and "in __getitem__" in message  # the traceback
 
 
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_a_failed_batch_fails_alone_and_the_pass_goes_on_as_in_torch(worker_type, clean):
+    def outcomes(loader) -> list:
+        iterator, seen = iter(loader), []
+        while True:
+            try:
+                seen.append(next(iterator)[:, 0].tolist())
+            except ValueError as error:
+                seen.append(str(error).splitlines()[-1])
+            except StopIteration:
+                return seen
+
+    torch_loader = torch.utils.data.DataLoader(Failing(), batch_size=4, num_workers=2)
+    ours = DataLoader(Failing(), batch_size=4, num_workers=2, worker_type=worker_type)
+    expected = outcomes(torch_loader)
+    assert expected[1] == "ValueError: sample 7 is corrupt" and len(expected) == 16
+    assert outcomes(ours) == expected
+
+
 @pytest.mark.parametrize("kill,name", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")])
 def test_a_killed_worker_is_named_with_its_signal_at_once(kill, name, clean):
     loader = DataLoader(Failing(kill=kill), batch_size=2, num_workers=2)
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match=rf"DataLoader worker 1 \(pid \d+\) was killed by "
-                                           rf"{name} \(signal {int(kill)}\)"):
+    with pytest.raises(RuntimeError, match=rf"DataLoader worker \(pid \d+\) is killed by signal: "
+                                           rf".+\. It was worker 1, killed by {name} "
+                                           rf"\(signal {int(kill)}\)"):
         list(loader)
     assert time.monotonic() - started < 30  # noticed by its sentinel, not by a timeout
 

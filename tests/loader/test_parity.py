@@ -5,6 +5,7 @@ Datasets here draw from torch's, NumPy's and Python's random generators and read
 """
 
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -164,6 +165,45 @@ def test_it_is_a_torch_dataloader_with_torchs_attributes():
         4, 2, 2, 10)
     with pytest.raises(ValueError, match="should not be set after"):
         loader.batch_size = 8
+
+
+def test_it_is_generic_and_lists_its_workers_as_torchs_iterator_does():
+    assert DataLoader[int] is not None  # annotations such as DataLoader[list[Tensor]] work
+    iterator = iter(DataLoader(Augmented(), batch_size=4, num_workers=2))
+    workers = {batch["worker"][0].item(): batch["index"] for batch in iterator}
+    assert sorted(workers) == [0, 1] and len(iterator._workers) == 2
+    assert all(worker.pid and not worker.is_alive() for worker in iterator._workers)
+
+
+class Sized(IterableDataset):
+    """Says it holds 5 items, streams 8 (in each worker)."""
+
+    def __len__(self) -> int:
+        return 5
+
+    def __iter__(self):
+        return iter(range(8))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_iterable_dataset_past_its_length_warns_as_torchs(workers):
+    for loader_type in (TorchLoader, DataLoader):
+        loader = loader_type(Sized(), num_workers=workers)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(loader)  # len() not asked yet: nothing to compare with
+        assert not [w for w in caught if "Length of IterableDataset" in str(w.message)]
+        assert len(loader) == 5
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(loader)
+        texts = [str(w.message) for w in caught if "Length of IterableDataset" in str(w.message)]
+        assert len(texts) == 3, loader_type
+        assert texts[0].endswith("but 6 samples have been fetched. " + (
+            "For multiprocessing data-loading, this could be caused by not properly configuring "
+            "the IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for "
+            "examples." if workers else ""))
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -25,8 +25,10 @@ from shardwise.samplers import DistributedSampler
 
 WORKER_TYPES = ("process", "thread")
 
+T_co = TypeVar("T_co", covariant=True)
 
-class DataLoader(TorchDataLoader):
+
+class DataLoader(TorchDataLoader[T_co]):
     """torch's ``DataLoader`` with the same arguments, errors and batches, plus what it lacks.
 
     Replacing the import is all it takes: for the same arguments and seeds it yields the same

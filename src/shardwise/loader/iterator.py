@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -40,12 +41,14 @@ class LoaderIterator(Iterator[Any]):
 
     def __init__(self, loader: Any, workers: Workers | None = None) -> None:
         self._loader = loader
-        self._workers = loader.num_workers
+        self._num_workers = loader.num_workers
         self._auto = loader._auto_collation
         self._sampler = resumable_sampler(loader)
         self._pool_owner: Workers | None = workers
         self._pool = workers.pool if workers is not None else None
         self._stages: list[Any] = []
+        self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
+        self._batch_failed = False  # the batch being delivered raised a dataset's error
         self._begin(first=workers is None)
 
     # -- a pass ----------------------------------------------------------------------------------
@@ -55,16 +58,19 @@ class LoaderIterator(Iterator[Any]):
         loader._check_ranks()  # before any worker starts: ranks that disagree stop here
         resume = loader._take_resume()
         self.record: PassRecord = new_record(loader)
+        # What len(loader) said of an IterableDataset before this pass, as torch keeps it.
+        self._told_length = (loader._IterableDataset_len_called
+                             if loader._dataset_kind == _DatasetKind.Iterable else None)
         self._open_indices(first, resume)
-        self.clock = Clock(self._workers)
-        self._fetcher = None if self._workers else _DatasetKind.create_fetcher(
+        self.clock = Clock(self._num_workers)
+        self._fetcher = None if self._num_workers else _DatasetKind.create_fetcher(
             loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
         self._sent = self._received = 0
         self._tasks: dict[int, _Task] = {}
-        self._active = [True] * self._workers
-        self._in_flight = [0] * self._workers
-        self._cycle = itertools.cycle(range(self._workers))
-        for _ in range((loader.prefetch_factor or 0) * self._workers):
+        self._active = [True] * self._num_workers
+        self._in_flight = [0] * self._num_workers
+        self._cycle = itertools.cycle(range(self._num_workers))
+        for _ in range((loader.prefetch_factor or 0) * self._num_workers):
             self._dispatch()
         # Stages take the pass's batches through a weak reference: nothing here refers back to
         # the pass, so dropping it stops its workers at once, with no garbage collection.
@@ -101,11 +107,12 @@ class LoaderIterator(Iterator[Any]):
             if not first:  # the persistent workers' seed
                 self._base_seed = self._pool_owner.base_seed
             self.record.base_seed = self._base_seed
-            if self._workers:
+            if self._num_workers:
                 if first:
                     self._pool = self._start_pool()
                 else:
                     self._pool.new_epoch()
+                self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
                 self._indices = iter(loader._index_sampler)
             skip = resume.skip if resume is not None else 0
             self._drop = 0
@@ -125,7 +132,7 @@ class LoaderIterator(Iterator[Any]):
     def _start_pool(self) -> ProcessPool | ThreadPool:
         loader = self._loader
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
-                          loader.drop_last, loader.worker_init_fn, self._workers,
+                          loader.drop_last, loader.worker_init_fn, self._num_workers,
                           loader.prefetch_factor)
         if loader.worker_type == "thread":
             pool: ProcessPool | ThreadPool = ThreadPool(spec)
@@ -165,7 +172,11 @@ class LoaderIterator(Iterator[Any]):
                     self.close()
                 raise
             except BaseException:
-                self.close()  # a failed pass stops its workers at once
+                # A dataset's error in a worker fails only its batch, as in torch: the pass goes
+                # on. Anything else (a dead worker, a timeout, Ctrl-C) stops the workers at once.
+                if not self._batch_failed or self._source is not None:
+                    self.close()
+                self._batch_failed = False
                 raise
             self.clock.waited(time.perf_counter() - asked)
             if self._drop:
@@ -176,7 +187,21 @@ class LoaderIterator(Iterator[Any]):
             if self.record.batches == 1:  # the sampler's pass has begun: note its epoch
                 self.record.sampler_epoch = getattr(self._sampler, "epoch", None)
             self._loader._on_batch(self)
+            if self._told_length is not None and self.record.batches > self._told_length:
+                self._warn_past_length()
             return batch
+
+    def _warn_past_length(self) -> None:
+        """torch's warning: an IterableDataset gave more than its ``len`` (compared as torch does)."""
+        message = (f"Length of IterableDataset {self._loader.dataset} was reported to be "
+                   f"{self._told_length}(when accessing len(dataloader)), but "
+                   f"{self.record.batches} samples have been fetched. ")
+        if self._num_workers:
+            message += ("For multiprocessing data-loading, this could be caused by not properly "
+                        "configuring the IterableDataset replica at each worker. Please see "
+                        "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                        "for examples.")
+        warnings.warn(message, stacklevel=3)
 
     def _next_pair(self) -> tuple[Any, int]:
         """The next ``(batch, indices behind it)`` in delivery order; ``StopIteration`` at the end."""
@@ -231,6 +256,7 @@ class LoaderIterator(Iterator[Any]):
         self._in_flight[task.worker] -= 1
         self._dispatch()
         if task.event.kind == "error":
+            self._batch_failed = True
             task.event.payload.reraise()
         return task.event.payload, task.count
 
@@ -238,8 +264,8 @@ class LoaderIterator(Iterator[Any]):
         """Send the next indices to the next worker with room, as torch's loader does."""
         if not any(self._active):
             return
-        room = (self._loader.prefetch_factor * self._workers) // sum(self._active)
-        for _ in range(self._workers):
+        room = (self._loader.prefetch_factor * self._num_workers) // sum(self._active)
+        for _ in range(self._num_workers):
             worker = next(self._cycle)
             if self._active[worker] and (self._loader.in_order or self._in_flight[worker] < room):
                 break

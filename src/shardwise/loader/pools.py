@@ -193,16 +193,16 @@ class ProcessPool:
         proc = self.procs[worker]
         proc.join(1.0)  # reap it, so its exit code is known
         code = proc.exitcode
-        if code is not None and code < 0:
+        if code is not None and code < 0:  # torch's own words first: tests and logs match them
             name = signal.Signals(-code).name
-            cause = {"SIGKILL": " (often the out-of-memory killer)",
-                     "SIGSEGV": " (a crash in native code)",
-                     "SIGBUS": " (shared memory ran out)"}.get(name, "")
-            how = f"was killed by {name} (signal {-code}){cause}"
+            cause = {"SIGKILL": ": often the out-of-memory killer",
+                     "SIGSEGV": ": a crash in native code",
+                     "SIGBUS": ": shared memory ran out"}.get(name, "")
+            how = (f"is killed by signal: {signal.strsignal(-code)}. It was worker {worker}, "
+                   f"killed by {name} (signal {-code}){cause}")
         else:
-            how = f"exited unexpectedly with exit code {code}"
-        return (f"DataLoader worker {worker} (pid {proc.pid}) {how}; "
-                "the other workers were stopped")
+            how = f"exited unexpectedly with exit code {code}. It was worker {worker}"
+        return f"DataLoader worker (pid {proc.pid}) {how}; the other workers were stopped"
 
 
 class ThreadPool:
