@@ -105,13 +105,15 @@ def test_a_failed_batch_fails_alone_and_the_pass_goes_on_as_in_torch(worker_type
 
 @pytest.mark.parametrize("kill,name", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")])
 def test_a_killed_worker_is_named_with_its_signal_at_once(kill, name, clean):
-    loader = DataLoader(Failing(kill=kill), batch_size=2, num_workers=2)
+    iterator = iter(DataLoader(Failing(kill=kill), batch_size=2, num_workers=2))
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=rf"DataLoader worker \(pid \d+\) is killed by signal: "
                                            rf".+\. It was worker 1, killed by {name} "
                                            rf"\(signal {int(kill)}\)"):
-        list(loader)
+        list(iterator)
     assert time.monotonic() - started < 30  # noticed by its sentinel, not by a timeout
+    with pytest.raises(StopIteration):  # the pass is over; asking again is not an error
+        next(iterator)
 
 
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)

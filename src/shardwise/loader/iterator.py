@@ -49,6 +49,7 @@ class LoaderIterator(Iterator[Any]):
         self._stages: list[Any] = []
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
         self._batch_failed = False  # the batch being delivered raised a dataset's error
+        self._closed = False
         self._begin(first=workers is None)
 
     # -- a pass ----------------------------------------------------------------------------------
@@ -161,6 +162,8 @@ class LoaderIterator(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
         while True:
             asked = time.perf_counter()
             try:
@@ -284,7 +287,11 @@ class LoaderIterator(Iterator[Any]):
         return len(self._loader)
 
     def close(self) -> None:
-        """Stop the workers now (persistent ones too: the next pass starts new ones)."""
+        """Stop the workers now (persistent ones too: the next pass starts new ones).
+
+        The pass is over: ``next`` raises ``StopIteration`` from here on.
+        """
+        self._closed = True
         self._stop_stages()
         if self._pool_owner is not None:
             self._pool_owner.close()
