@@ -84,8 +84,8 @@ def test_a_worker_exception_names_the_worker_the_indices_and_the_traceback(worke
     assert "sample 7 is corrupt" in message and "in __getitem__" in message  # the traceback
 
 
-@pytest.mark.parametrize("worker_type", WORKER_TYPES)
-def test_a_failed_batch_fails_alone_and_the_pass_goes_on_as_in_torch(worker_type, clean):
+@pytest.mark.parametrize("workers,worker_type", [(0, "process"), (2, "process"), (2, "thread")])
+def test_a_failed_batch_fails_alone_and_the_pass_goes_on_as_in_torch(workers, worker_type, clean):
     def outcomes(loader) -> list:
         iterator, seen = iter(loader), []
         while True:
@@ -96,10 +96,10 @@ def test_a_failed_batch_fails_alone_and_the_pass_goes_on_as_in_torch(worker_type
             except StopIteration:
                 return seen
 
-    torch_loader = torch.utils.data.DataLoader(Failing(), batch_size=4, num_workers=2)
-    ours = DataLoader(Failing(), batch_size=4, num_workers=2, worker_type=worker_type)
+    torch_loader = torch.utils.data.DataLoader(Failing(), batch_size=4, num_workers=workers)
+    ours = DataLoader(Failing(), batch_size=4, num_workers=workers, worker_type=worker_type)
     expected = outcomes(torch_loader)
-    assert expected[1] == "ValueError: sample 7 is corrupt" and len(expected) == 16
+    assert expected[1].endswith("sample 7 is corrupt") and len(expected) == 16
     assert outcomes(ours) == expected
 
 

@@ -210,7 +210,13 @@ class LoaderIterator(Iterator[Any]):
         """The next ``(batch, indices behind it)`` in delivery order; ``StopIteration`` at the end."""
         if self._fetcher is not None:  # no workers: fetch right here
             index = next(self._indices)
-            batch, count = self._fetcher.fetch(index), len(index) if self._auto else 1
+            try:
+                batch, count = self._fetcher.fetch(index), len(index) if self._auto else 1
+            except StopIteration:  # an IterableDataset's end
+                raise
+            except Exception:
+                self._batch_failed = True
+                raise
         else:
             batch, count = self._next_from_workers()
         if self._loader._pinning and not isinstance(self._pool, ProcessPool):
