@@ -7,7 +7,6 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

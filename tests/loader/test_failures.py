@@ -12,7 +12,6 @@ import sys
 import textwrap
 import threading
 import time
-from itertools import islice
 from pathlib import Path
 
 import pytest

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 from torch.utils.data.dataloader import _DatasetKind
 
+from shardwise.loader.datapipes import draw_shared_seed, shard_for_rank, sharding_init_fn
 from shardwise.loader.device import Background, ToDevice
 from shardwise.loader.pools import Event, ProcessPool, ThreadPool, Workers, start_method_context
 from shardwise.loader.position import (PassRecord, Resume, new_record, replayed_randomness,
@@ -85,13 +86,18 @@ class LoaderIterator(Iterator[Any]):
     def _open_indices(self, first: bool, resume: Resume | None) -> None:
         """Start the pass's indices (and the workers), drawing as torch's loader draws.
 
-        torch's order: an iterator, the base seed, the workers, a second iterator. A resume
-        replays the interrupted pass's draws from its saved random states, skips the indices of
+        torch's order: a datapipe's shared seed, an iterator, the base seed, the workers, a second
+        iterator and, with worker processes, a second shared seed. A resume replays the
+        interrupted pass's draws from its saved random states, skips the indices of
         the batches already delivered, and seeds new workers with the saved base seed.
         """
         loader = self._loader
         replay = resume is not None and bool(resume.randomness)
+        processes = self._num_workers > 0 and loader.worker_type == "process"
         with replayed_randomness(loader, resume.randomness) if replay else nullcontext():
+            self._shared_seed = draw_shared_seed(loader)
+            if not processes:  # one stream in this process: it keeps this rank's shard
+                shard_for_rank(loader.dataset)
             self._indices = iter(loader._index_sampler)
             if resume is None:
                 if first:
@@ -111,8 +117,10 @@ class LoaderIterator(Iterator[Any]):
             if self._num_workers:
                 if first:
                     self._pool = self._start_pool()
+                    if processes:  # torch draws (and drops) one more after starting them
+                        draw_shared_seed(loader)
                 else:
-                    self._pool.new_epoch()
+                    self._pool.new_epoch(self._shared_seed)
                 self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
                 self._indices = iter(loader._index_sampler)
             skip = resume.skip if resume is not None else 0
@@ -132,14 +140,15 @@ class LoaderIterator(Iterator[Any]):
 
     def _start_pool(self) -> ProcessPool | ThreadPool:
         loader = self._loader
+        init_fn = sharding_init_fn(loader.dataset, loader.worker_init_fn)
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
-                          loader.drop_last, loader.worker_init_fn, self._num_workers,
-                          loader.prefetch_factor)
+                          loader.drop_last, init_fn, self._num_workers, loader.prefetch_factor)
         if loader.worker_type == "thread":
             pool: ProcessPool | ThreadPool = ThreadPool(spec)
         else:
             context = start_method_context(loader.multiprocessing_context)
-            pool = ProcessPool(spec, self._base_seed, context, pin=loader._pinning)
+            pool = ProcessPool(spec, self._base_seed, self._shared_seed, context,
+                               pin=loader._pinning)
         # Persistent workers live as long as the loader; others as long as this pass.
         owner = loader if loader.persistent_workers else self
         self._pool_owner = Workers(pool, self._base_seed, owner)

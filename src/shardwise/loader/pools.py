@@ -85,7 +85,8 @@ def start_method_context(requested: Any) -> Any:
 class ProcessPool:
     """Worker processes, each fed tasks on its own pipe and returning batches in shared memory."""
 
-    def __init__(self, spec: WorkerSpec, base_seed: int, context: Any, pin: bool) -> None:
+    def __init__(self, spec: WorkerSpec, base_seed: int, shared_seed: int | None, context: Any,
+                 pin: bool) -> None:
         self.num_workers, self.pin = spec.num_workers, pin
         self._pid = os.getpid()
         self.conns: list[Connection] = []
@@ -94,7 +95,8 @@ class ProcessPool:
         self._epoch = 0
         for worker in range(spec.num_workers):
             ours, theirs = context.Pipe(duplex=True)
-            proc = context.Process(target=process_worker, args=(theirs, spec, worker, base_seed),
+            proc = context.Process(target=process_worker,
+                                   args=(theirs, spec, worker, base_seed, shared_seed),
                                    name=f"shardwise-worker-{worker}", daemon=True)
             proc.start()
             theirs.close()
@@ -155,11 +157,14 @@ class ProcessPool:
             return Event("epoch", message[1], worker)
         raise AssertionError(f"unexpected message {kind!r} from DataLoader worker {worker}")
 
-    def new_epoch(self) -> None:
-        """Persistent workers: drop what is still in flight and start the dataset afresh."""
+    def new_epoch(self, shared_seed: int | None) -> None:
+        """Persistent workers: drop what is still in flight and start the dataset afresh.
+
+        ``shared_seed`` reseeds a datapipe's random steps for the new pass.
+        """
         self._epoch += 1
         for conn in self.conns:
-            send(conn, ("epoch", self._epoch))
+            send(conn, ("epoch", self._epoch, shared_seed))
         waiting = set(range(self.num_workers))
         while waiting:
             event = self.receive(None)
@@ -247,7 +252,8 @@ class ThreadPool:
         except queue.Empty:
             return None
 
-    def new_epoch(self) -> None:
+    def new_epoch(self, shared_seed: int | None) -> None:
+        """Start the dataset afresh (a datapipe was already reseeded, in this process)."""
         self._epoch += 1
         for tasks in self.tasks:
             tasks.put(("epoch", self._epoch))

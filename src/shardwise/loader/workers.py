@@ -28,6 +28,7 @@ from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_
 from torch.utils.data.dataloader import _DatasetKind
 from torch.utils.data.dataloader import default_collate as torch_default_collate
 
+from shardwise.loader.datapipes import apply_shared_seed
 from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, receive, send
 
 FIRST_SLOT_BYTES = 4 * 2**20  # address space only: pages cost memory once a batch touches them
@@ -95,11 +96,16 @@ class SlotCollate:
         return torch.stack(batch, 0, out=out)
 
 
-def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed: int) -> None:
-    """A worker process: fetch what the main process asks for until told to stop or it is gone."""
+def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed: int,
+                   shared_seed: int | None) -> None:
+    """A worker process: fetch what the main process asks for until told to stop or it is gone.
+
+    ``shared_seed`` seeds a datapipe's random steps alike in every worker (``None``: no datapipe).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     torch.set_num_threads(1)
     seed_worker(spec, worker_id, base_seed)
+    apply_shared_seed(spec.dataset, shared_seed)
     collate_fn = SlotCollate() if spec.collate_fn is torch_default_collate else spec.collate_fn
     try:
         _ProcessWorker(conn, spec, worker_id, collate_fn).run()
@@ -159,6 +165,7 @@ class _ProcessWorker:
             self.pending.append((message[1], message[2]))
         elif kind == "epoch":  # persistent workers: a new pass over the dataset
             self.pending.clear()
+            apply_shared_seed(self.spec.dataset, message[2])
             if self.init_failure is None:
                 self.fetcher = self._new_fetcher()
             send(self.conn, ("epoch", message[1]))

@@ -23,8 +23,6 @@ from shardwise.samplers.passes import SEED_MAX, SEED_MIN
 from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
 
 
-
-
 class WeightedDistributedSampler(RankStreamSampler):
     """Draw ``num_samples`` indices a rank, each ``i`` with probability proportional to ``weights[i]``.
 
