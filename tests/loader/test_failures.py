@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from shardwise import DataLoader
+from shardwise import DataLoader, DistributedSampler
 
 pytestmark = pytest.mark.timeout(60)
 WORKER_TYPES = ["process", "thread"]
@@ -102,6 +102,30 @@ def test_a_failed_batch_fails_alone_and_the_pass_goes_on_as_in_torch(workers, wo
     assert outcomes(ours) == expected
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("sampler", ["shardwise", "torch"])
+def test_a_resume_after_a_failed_batch_neither_repeats_nor_retries(workers, sampler):
+    def make() -> DataLoader:
+        if sampler == "shardwise":
+            return DataLoader(Failing(), batch_size=4, num_workers=workers,
+                              sampler=DistributedSampler(Failing(), num_replicas=1, rank=0, seed=1))
+        return DataLoader(Failing(), batch_size=4, num_workers=workers, shuffle=True,
+                          generator=torch.Generator().manual_seed(3))
+
+    first, seen = iter(loader := make()), []
+    while True:  # until index 7's batch raises
+        try:
+            seen.extend(next(first)[:, 0].int().tolist())
+        except ValueError:
+            break
+    seen.extend(next(first)[:, 0].int().tolist())  # the pass goes on past it
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    seen += [int(value) for batch in resumed for value in batch[:, 0]]
+    lost = set(range(64)) - set(seen)
+    assert len(seen) == len(set(seen)) and 7 in lost and len(lost) == 4  # only that batch
+
+
 @pytest.mark.parametrize("kill,name", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")])
 def test_a_killed_worker_is_named_with_its_signal_at_once(kill, name, clean):
     iterator = iter(DataLoader(Failing(kill=kill), batch_size=2, num_workers=2))
@@ -143,7 +167,7 @@ def test_a_finished_pass_stops_its_workers_at_once(clean):
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time, torch
-    from shardwise import DataLoader
+    from shardwise import DataLoader, DistributedSampler
 
     class Slow(torch.utils.data.Dataset):
         def __len__(self): return 10_000

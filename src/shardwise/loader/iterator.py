@@ -49,7 +49,8 @@ class LoaderIterator(Iterator[Any]):
         self._pool = workers.pool if workers is not None else None
         self._stages: list[Any] = []
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
-        self._batch_failed = False  # the batch being delivered raised a dataset's error
+        # The indices behind the batch being delivered when it raised a dataset's error.
+        self._failed_count: int | None = None
         self._closed = False
         self._begin(first=workers is None)
 
@@ -184,24 +185,39 @@ class LoaderIterator(Iterator[Any]):
                     self.close()
                 raise
             except BaseException:
-                # A dataset's error in a worker fails only its batch, as in torch: the pass goes
-                # on. Anything else (a dead worker, a timeout, Ctrl-C) stops the workers at once.
-                if not self._batch_failed or self._source is not None:
+                # A dataset's error fails only its batch, as in torch: the pass goes on, and so
+                # does its position (a resume does not read that batch again, nor the ones after
+                # it twice). Anything else (a dead worker, a timeout, Ctrl-C) stops the workers.
+                failed, self._failed_count = self._failed_count, None
+                if failed is None or self._source is not None:
                     self.close()
-                self._batch_failed = False
+                    raise
+                if self._dropped():
+                    continue  # a resumed stream's batch, passed already: its error was told then
+                self._advance(failed)
                 raise
             self.clock.waited(time.perf_counter() - asked)
-            if self._drop:
-                self._drop -= 1
+            if self._dropped():
                 continue
-            self.record.batches += 1
-            self.record.samples += count
-            if self.record.batches == 1:  # the sampler's pass has begun: note its epoch
-                self.record.sampler_epoch = getattr(self._sampler, "epoch", None)
+            self._advance(count)
             self._loader._on_batch(self)
             if self._told_length is not None and self.record.batches > self._told_length:
                 self._warn_past_length()
             return batch
+
+    def _dropped(self) -> bool:
+        """Whether this batch is one a resumed stream already delivered (and so is dropped)."""
+        if self._drop:
+            self._drop -= 1
+            return True
+        return False
+
+    def _advance(self, count: int) -> None:
+        """Count a batch (of ``count`` indices) as past: delivered, or failed and passed over."""
+        self.record.batches += 1
+        self.record.samples += count
+        if self.record.batches == 1:  # the sampler's pass has begun: note its epoch
+            self.record.sampler_epoch = getattr(self._sampler, "epoch", None)
 
     def _warn_past_length(self) -> None:
         """torch's warning: an IterableDataset gave more than its ``len`` (compared as torch does)."""
@@ -219,12 +235,13 @@ class LoaderIterator(Iterator[Any]):
         """The next ``(batch, indices behind it)`` in delivery order; ``StopIteration`` at the end."""
         if self._fetcher is not None:  # no workers: fetch right here
             index = next(self._indices)
+            count = len(index) if self._auto else 1
             try:
-                batch, count = self._fetcher.fetch(index), len(index) if self._auto else 1
+                batch = self._fetcher.fetch(index)
             except StopIteration:  # an IterableDataset's end
                 raise
             except Exception:
-                self._batch_failed = True
+                self._failed_count = count
                 raise
         else:
             batch, count = self._next_from_workers()
@@ -274,7 +291,7 @@ class LoaderIterator(Iterator[Any]):
         self._in_flight[task.worker] -= 1
         self._dispatch()
         if task.event.kind == "error":
-            self._batch_failed = True
+            self._failed_count = task.count
             task.event.payload.reraise()
         return task.event.payload, task.count
 
