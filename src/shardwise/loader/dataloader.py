@@ -118,6 +118,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._clock: Clock | None = None
         self._workers: Workers | None = None  # persistent workers, between passes
         self._bar: EpochBar | None = None
+        self._datapipe_group: Any = None  # the gloo group a datapipe's shared seed is sent over
 
     # -- iteration -------------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ Example::
     >>> from torch.utils.data.datapipes.iter import IterableWrapper
     >>> from shardwise import DataLoader
     >>> pipe = IterableWrapper(range(8)).shuffle().sharding_filter()
-    >>> loader = DataLoader(pipe, batch_size=None, num_workers=2, generator=torch.Generator().manual_seed(0))
+    >>> seeded = torch.Generator().manual_seed(0)
+    >>> loader = DataLoader(pipe, batch_size=None, num_workers=2, generator=seeded)
     >>> sorted(int(x) for x in loader)
     [0, 1, 2, 3, 4, 5, 6, 7]
 """
@@ -46,10 +47,9 @@ def draw_shared_seed(loader: Any) -> int | None:
     """
     if not isinstance(loader.dataset, IterDataPipe):
         return None
-    if torch_dist.is_available() and torch_dist.is_initialized() and \
-            getattr(loader, "_datapipe_group", None) is None:
+    if torch_dist.is_available() and torch_dist.is_initialized() and loader._datapipe_group is None:
         loader._datapipe_group = torch_dist.new_group(backend="gloo")
-    seed = _share_dist_seed(loader.generator, getattr(loader, "_datapipe_group", None))
+    seed = _share_dist_seed(loader.generator, loader._datapipe_group)
     apply_shared_seed(loader.dataset, seed)
     return seed
 
