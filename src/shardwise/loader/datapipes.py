@@ -55,8 +55,11 @@ def draw_shared_seed(loader: Any) -> int | None:
 
 
 def apply_shared_seed(dataset: Any, seed: int | None) -> None:
-    """Seed every random datapipe in ``dataset``'s graph from ``seed`` (nothing when ``None``)."""
-    if seed is not None and isinstance(dataset, IterDataPipe):
+    """Seed every random datapipe in ``dataset``'s graph from ``seed`` (nothing when ``None``).
+
+    ``seed`` comes from :func:`draw_shared_seed`, so it is ``None`` for anything but a datapipe.
+    """
+    if seed is not None:
         apply_random_seed(dataset, torch.Generator().manual_seed(seed))
 
 
