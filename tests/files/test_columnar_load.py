@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute, for a test's stand-in hash
 import pyarrow.parquet as pq
 import pytest
 import torch.distributed as dist
@@ -135,6 +136,21 @@ def test_bad_rows_are_counted_and_skipped_with_on_error_skip(tmp_path) -> None:
     assert records["id"].tolist() == [1] and records["values"].tolist() == [[1.0, 2.0]]
     assert (stats.lines, stats.skipped, stats.row_groups) == (3, 2, 1)
     assert "vector of 1 values, not 2" in str(stats.examples[1])
+
+
+@pytest.mark.parametrize("suffix", ["txt", "parquet"])
+def test_a_source_and_a_target_sharing_a_string_id_is_an_error(tmp_path, monkeypatch,
+                                                              suffix) -> None:
+    # A hash that collides for strings of one length: "ab" (a source) and "cd" (a target).
+    monkeypatch.setattr("shardwise.files.ids.hash_binary",
+                        lambda values: pa.compute.binary_length(values).to_numpy().astype("int64"))
+    if suffix == "txt":
+        (tmp_path / "e.txt").write_text("ab,cd\n")
+    else:
+        pq.write_table(pa.table({"src": ["ab"], "dst": ["cd"]}), tmp_path / "e.parquet")
+    columns = ("src", "dst") if suffix == "parquet" else None
+    with pytest.raises(ValueError, match="hash to the same 63-bit id"):
+        read_records(tmp_path, Format("fmap", ids="str"), 0, 1, columns=columns)
 
 
 @pytest.mark.parametrize("columns, error, says", [

@@ -8,7 +8,7 @@ checks each parsed chunk and raises if two of its strings collide.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +64,22 @@ def hash_binary(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         word = words[starts[rows] + 8 * j] & _MASKS[np.minimum(lengths[rows] - 8 * j, 8)]
         hashes[rows] = mix64(hashes[rows] ^ word)
     return (hashes >> np.uint64(1)).astype(np.int64)
+
+
+def hash_together(strings: Sequence[pa.ChunkedArray]) -> list[np.ndarray]:
+    """The ids of each ``binary`` column in ``strings``, checked for collisions across them all.
+
+    A source and a target are ids of one kind: two different strings, one in each column, must
+    not share an id either.
+
+    >>> [i.size for i in hash_together([pa.chunked_array([[b"a"]]), pa.chunked_array([[b"b"]])])]
+    [1, 1]
+    """
+    ids = [hash_binary(column) for column in strings]
+    everything = pa.chunked_array([chunk for column in strings for chunk in column.chunks],
+                                  type=pa.binary())
+    check_distinct(everything, np.concatenate(ids))
+    return ids
 
 
 def check_distinct(strings: pa.Array | pa.ChunkedArray, ids: np.ndarray) -> None:

@@ -31,7 +31,7 @@ import pyarrow.csv as pacsv
 
 from shardwise.checks import require_int
 from shardwise.files.arrow import from_numpy, to_numpy
-from shardwise.files.ids import check_distinct, hash_binary, string_ids
+from shardwise.files.ids import check_distinct, hash_together, string_ids
 from shardwise.files.read import Chunk, split_lines
 from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
 
@@ -380,10 +380,7 @@ def _ids(columns: list[pa.Array | pa.ChunkedArray], fmt: Format) -> list[np.ndar
         raise _NeedsSlowPath  # an empty id: let the per-line path name the line
     for s in strings:
         s.cast(pa.string())  # checks they are UTF-8 (else ArrowInvalid: the per-line path names it)
-    ids = [hash_binary(s) for s in strings]
-    everything = pa.chunked_array([c for s in strings for c in s.chunks], type=pa.binary())
-    check_distinct(everything, np.concatenate(ids))
-    return ids
+    return hash_together(strings)
 
 
 def _line_array(data: bytes) -> pa.Array:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from shardwise.files.arrow import from_numpy, to_numpy
 from shardwise.files.columnar import TablePlan, Unit, read_unit, say_if_split_by_rows
-from shardwise.files.ids import check_distinct, hash_binary
+from shardwise.files.ids import hash_together
 from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, ParseError, Parsed
 
 EDGE_PATTERNS = ("fmap", "smap", "fsmap")  # which rank owns an edge; fset is a text format
@@ -124,7 +124,7 @@ def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: 
         ids, values, wrong_length = _vectors(table, fmt, columns, bad_rows, name)
         bad_rows |= wrong_length
     else:
-        ids = [_ids(table[c], c, fmt, name) for c in columns[:2]]
+        ids = _ids(table, columns[:2], fmt, name)
         weight = (_floats(table[columns[2]], columns[2], name) if len(columns) == 3
                   else np.ones(table.num_rows))
     examples = tuple(_bad_row(table, row, columns, name, first_row, fmt) for row in
@@ -147,19 +147,19 @@ def _first_rows(the_plan: TablePlan) -> dict[Unit, int]:
     return first
 
 
-def _ids(column: pa.ChunkedArray, name: str, fmt: Format, file: str) -> np.ndarray:
-    kind = column.type
-    if fmt.ids == "int":
-        if not pa.types.is_integer(kind):
+def _ids(table: pa.Table, names: Sequence[str], fmt: Format, file: str) -> list[np.ndarray]:
+    """The id columns ``names``; string ids hashed and checked for collisions across them."""
+    for name in names:
+        kind = table[name].type
+        if fmt.ids == "int" and not pa.types.is_integer(kind):
             hint = " (pass ids='str' for text ids)" if _is_text(kind) else ""
             raise TypeError(f"{file}: id column {name!r} holds {kind}, not integers{hint}")
-        return _filled(column, pa.int64(), 0)
-    if not (_is_text(kind) or pa.types.is_integer(kind)):
-        raise TypeError(f"{file}: id column {name!r} holds {kind}, not text or integers")
-    text = pc.fill_null(column.cast(pa.string()), "")
-    ids = hash_binary(text.cast(pa.binary()))
-    check_distinct(text, ids)
-    return ids
+        if fmt.ids != "int" and not (_is_text(kind) or pa.types.is_integer(kind)):
+            raise TypeError(f"{file}: id column {name!r} holds {kind}, not text or integers")
+    if fmt.ids == "int":
+        return [_filled(table[name], pa.int64(), 0) for name in names]
+    return hash_together([pc.fill_null(table[name].cast(pa.string()), "").cast(pa.binary())
+                          for name in names])
 
 
 def _floats(column: pa.ChunkedArray, name: str, file: str) -> np.ndarray:
@@ -173,7 +173,7 @@ def _vectors(table: pa.Table, fmt: Format, columns: tuple[str, ...], bad_rows: n
              file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ids, a ``(rows, features)`` array, and which rows hold a vector of another length (or
     with a null value)."""
-    ids = _ids(table[columns[0]], columns[0], fmt, file)
+    ids, = _ids(table, columns[:1], fmt, file)
     wrong_length = np.zeros(table.num_rows, dtype=bool)
     if len(columns) > 2 or not _is_list(table[columns[1]].type):
         values = np.column_stack([_floats(table[c], c, file) for c in columns[1:]]) \
