@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shardwise.files import Format, ParseError, read_records
-from shardwise.files.threads import ordered_map, rank_threads, take
+from shardwise.files.threads import ordered_map, rank_threads
 
 
 def test_ordered_map_keeps_order_and_runs_on_worker_threads() -> None:
@@ -56,18 +56,6 @@ def test_rank_threads_share_the_cores_among_local_ranks(monkeypatch: pytest.Monk
     assert rank_threads() == 1
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert rank_threads() == 8
-
-
-@pytest.mark.parametrize("threads", [1, 2, 3, 7])
-@pytest.mark.parametrize("size", [0, 1, 5, 1000])
-def test_take_gathers_like_fancy_indexing(threads: int, size: int) -> None:
-    rng = np.random.default_rng(size)
-    order = rng.integers(0, max(size, 1), size)
-    records = np.zeros(max(size, 1), dtype=[("a", "<i8"), ("v", "<f8", (3,))])
-    records["a"] = rng.integers(-(2**62), 2**62, records.size)
-    records["v"] = rng.random((records.size, 3))
-    for column in (records["a"], records["v"]):  # strided views, 1-D and 2-D
-        assert np.array_equal(take(column, order, threads), column[order])
 
 
 def _lines(tmp_path: Path, bad: dict[int, str], pattern: str = "fmap") -> Path:

@@ -17,7 +17,6 @@ from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
 from shardwise.files.sorting import group_starts, sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
-from shardwise.files.threads import rank_threads, take
 
 Kind = Literal["digraph", "bigraph", "undirected"]
 KINDS = ("digraph", "bigraph", "undirected")
@@ -49,17 +48,15 @@ class Graph:
     @classmethod
     def from_edges(
         cls, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, kind: Kind = "digraph",
-        stats: LoadStats | None = None, *, threads: int | None = None,
+        stats: LoadStats | None = None,
     ) -> Graph:
-        """Group edges by source; each source's edges keep their given order.
-
-        The columns are gathered by ``threads`` threads (default ``rank_threads()``).
-        """
+        """Group edges by source; each source's edges keep their given order."""
         if kind not in KINDS:
             raise ValueError(f"unknown graph kind {kind!r}: choose one of {', '.join(KINDS)}")
-        threads = rank_threads() if threads is None else threads
         sources, order = sort_with_order(src)
-        dst, weight = take(dst, order, threads), take(weight, order, threads)
+        # One thread gathers: on a rank's first build the output's pages are fresh, and threads
+        # faulting them in at once ran the build 2x slower than one (benchmarks/files.py).
+        dst, weight = dst[order], weight[order]
         # Freed before the row arrays are allocated, so they reuse its memory rather than
         # touching fresh pages (costly on some virtual machines).
         del order
@@ -175,7 +172,6 @@ def load_graph(
     records, stats = load_records(paths, edge_format, mirror=kind == "undirected",
                                   storage_options=storage_options, columns=columns, **pipeline)
     started = time.perf_counter()
-    graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind,
-                             threads=pipeline.get("threads"))
+    graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind)
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(graph, stats=replace(stats, seconds=seconds))

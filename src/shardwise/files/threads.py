@@ -1,10 +1,9 @@
-"""Threads within one rank: how many, an in-order map over chunks, and a parallel gather.
+"""Threads within one rank: how many, and an in-order map over chunks.
 
-``pyarrow.csv`` parses, and NumPy gathers, without holding the GIL, so a rank that parses several
-chunks at once, or gathers a build's columns in parts, on threads uses several cores. Ranks on
-one machine share its cores: each takes the cores this process may run on
-(``os.sched_getaffinity``) divided by ``LOCAL_WORLD_SIZE`` (set by torchrun and by
-``spawn_local``), at least one, so the machine is not oversubscribed.
+``pyarrow.csv`` parses without holding the GIL, so a rank that parses several chunks at once on
+threads uses several cores. Ranks on one machine share its cores: each takes the cores this
+process may run on (``os.sched_getaffinity``) divided by ``LOCAL_WORLD_SIZE`` (set by torchrun
+and by ``spawn_local``), at least one, so the machine is not oversubscribed.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
-
-import numpy as np
 
 from shardwise.checks import require_int
 
@@ -59,20 +56,3 @@ def ordered_map(fn: Callable[[In], Out], items: Iterable[In], threads: int) -> I
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
-
-def take(values: np.ndarray, order: np.ndarray, threads: int) -> np.ndarray:
-    """``values[order]`` (whole rows of a 2-D array), each thread gathering one part of ``order``.
-
-    >>> take(np.array([10, 20, 30]), np.array([2, 0, 1]), threads=2).tolist()
-    [30, 10, 20]
-    """
-    out = np.empty((order.size, *values.shape[1:]), dtype=values.dtype)
-    bounds = np.linspace(0, order.size, threads + 1).astype(np.int64)
-
-    def part(i: int) -> None:  # mode="clip": "raise" would buffer the output (order is valid)
-        lo, hi = bounds[i], bounds[i + 1]
-        np.take(values, order[lo:hi], axis=0, out=out[lo:hi], mode="clip")
-
-    for _ in ordered_map(part, range(threads), threads):
-        pass
-    return out

@@ -14,7 +14,6 @@ from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
 from shardwise.files.sorting import sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
-from shardwise.files.threads import rank_threads, take
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +60,6 @@ def load_vectors(
         storage_options=storage_options, columns=columns, **pipeline)
     started = time.perf_counter()
     ids, order = sort_with_order(records["id"])
-    threads = pipeline.get("threads") or rank_threads()
-    vectors = Vectors(ids, take(records["values"], order, threads))
+    vectors = Vectors(ids, records["values"][order])
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(vectors, stats=replace(stats, seconds=seconds))
