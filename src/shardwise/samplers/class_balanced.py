@@ -80,9 +80,6 @@ class ClassBalancedSampler(RankStreamSampler):
 
     # -- the stream ------------------------------------------------------------------------------
 
-    def _pass_length(self, at: StreamPosition) -> int:
-        return max(0, self.num_samples - at.offset)
-
     def _take(self, at: StreamPosition, context: Any, start: int, stop: int) -> np.ndarray:
         positions = np.arange(at.offset + start, at.offset + stop, dtype=np.int64)
         return self.stream(at.epoch, positions)

@@ -37,6 +37,9 @@ class RankStreamSampler(EpochSampler):
     def _start_of(self, epoch: int) -> StreamPosition:
         return StreamPosition(epoch, 0)
 
+    def _pass_length(self, at: StreamPosition) -> int:
+        return max(0, self.num_samples - at.offset)
+
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """Where this rank's stream stands; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
         share = len(self)

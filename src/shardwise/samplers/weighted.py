@@ -67,9 +67,6 @@ class WeightedDistributedSampler(RankStreamSampler):
         self._cached_permutation: tuple[int, np.ndarray] | None = None
         self._init_epochs()
 
-    def _pass_length(self, at: StreamPosition) -> int:
-        return max(0, self.num_samples - at.offset)
-
     def _take(self, at: StreamPosition, context: Any, start: int, stop: int) -> np.ndarray:
         first, count = at.offset + start, stop - start
         if not self.replacement:
