@@ -73,6 +73,12 @@ def test_fewer_row_groups_than_ranks_split_rows(tmp_path):
     assert [len(s) for s in shares] == [3, 4, 4, 4] and sum(shares, []) == ids
 
 
+def test_an_input_without_rows_gives_empty_tables_and_no_warning(tmp_path, recwarn):
+    pq.write_table(pa.table({"id": pa.array([], pa.int64())}), tmp_path / "e.parquet")
+    assert [read_table(tmp_path, r, 3).num_rows for r in range(3)] == [0, 0, 0]
+    assert not recwarn.list
+
+
 def test_feather_files_are_arrow_ipc(tmp_path):
     feather.write_feather(pa.table({"id": [1, 2, 3]}), tmp_path / "t.feather",
                           compression="uncompressed")

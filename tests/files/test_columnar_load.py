@@ -185,6 +185,8 @@ def test_an_arrow_file_without_a_named_column_is_named(tmp_path) -> None:
         load_graph(tmp_path, "fmap", columns=("src", "dst", "w"))
     with pytest.raises(ValueError, match=re.escape("features=3, but columns names 1 value column(s)")):
         load_vectors(tmp_path, columns=("src", "dst"), features=3)
+    with pytest.raises(ValueError, match="e.arrow has no columns 'a', 'b': its columns are src, dst"):
+        load_vectors(tmp_path, columns=("src", "a", "b"))
 
 
 def test_a_vector_holding_a_null_value_is_a_bad_row_and_empty_files_are_fine(tmp_path) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -80,6 +80,11 @@ class TablePlan:
         """The plan of files already listed: reads each one's footer for its row groups."""
         world_size = require_int("world_size", world_size, minimum=1)
         return cls(tuple(sources), tuple(u for s in sources for u in _units(s)), world_size)
+
+    def resized(self, world_size: int) -> TablePlan:
+        """The same units dealt to ``world_size`` ranks (no footer is read again)."""
+        world_size = require_int("world_size", world_size, minimum=1)
+        return self if world_size == self.world_size else replace(self, world_size=world_size)
 
     @property
     def by_rows(self) -> bool:
@@ -188,14 +193,13 @@ def read_table(
     """
     world_size, rank = resolve_world(world_size, rank)
     if isinstance(paths, TablePlan):
-        plan = paths if paths.world_size == world_size else TablePlan(paths.sources,
-                                                                       paths.units, world_size)
+        plan = paths.resized(world_size)
     else:
         plan = table_plan(paths, world_size, storage_options=storage_options)
     say_if_split_by_rows(plan, rank)
     pieces = [read_unit(unit, first, end, columns) for unit, first, end in plan.share(rank)]
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
-        return _schema(plan.sources[0], columns).empty_table()
+        return file_schema(plan.sources[0], columns).empty_table()
     schema = pieces[0].schema
     for (unit, _, _), piece in zip(plan.share(rank), pieces):
         if not piece.schema.equals(schema):
@@ -207,7 +211,7 @@ def read_table(
 
 def say_if_split_by_rows(plan: TablePlan, rank: int) -> None:
     """Warn (on rank 0 only) when there are fewer row groups than ranks, so rows are split."""
-    if plan.by_rows and rank == 0:
+    if plan.total_rows and plan.by_rows and rank == 0:
         warnings.warn(
             f"{len(plan.units)} row group(s) for {plan.world_size} ranks: rows are split inside "
             "row groups so that no rank is idle, and a rank decodes each row group it shares "
@@ -233,7 +237,8 @@ def _units(source: Source) -> list[Unit]:
         return units
 
 
-def _schema(source: Source, columns: Sequence[str] | None) -> pa.Schema:
+def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Schema:
+    """The columns of one Parquet or Arrow IPC file (only ``columns`` when given), from its footer."""
     with source.open() as handle:
         if columnar_format(source.name) == "parquet":
             schema = pq.ParquetFile(handle).schema_arrow

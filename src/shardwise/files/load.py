@@ -72,7 +72,7 @@ class LoadStats:
 
 
 def read_records(
-    paths: Paths | Plan,
+    paths: Paths | Plan | TablePlan,
     fmt: Format,
     rank: int | None = None,
     world_size: int | None = None,
@@ -98,11 +98,20 @@ def read_records(
     started = time.perf_counter()
     the_plan = input_plan(paths, world_size, storage_options=storage_options)
     fmt, columns = _prepared(the_plan, fmt, columns)
+    records, stats = _read_prepared(the_plan, fmt, columns, rank, block_bytes, progress, threads)
+    return records, replace(stats, seconds={"read+parse": time.perf_counter() - started})
+
+
+def _read_prepared(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, ...], rank: int,
+                   block_bytes: int, progress: Progress | None, threads: int
+                   ) -> tuple[np.ndarray, LoadStats]:
+    """``read_records`` once the plan is made and ``fmt`` and ``columns`` are checked."""
+    started = time.perf_counter()
     if isinstance(the_plan, TablePlan):
         parts = read_table_records(the_plan, rank, fmt, columns)
         planned = sum(stretch_bytes(*stretch) for stretch in the_plan.share(rank))
     else:
-        chunks = iter_chunks(the_plan, rank, world_size, block_bytes=block_bytes)
+        chunks = iter_chunks(the_plan, rank, the_plan.world_size, block_bytes=block_bytes)
         parts = ordered_map(lambda chunk: (parse_chunk(chunk, fmt), len(chunk.data)), chunks,
                             threads)
         planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
@@ -123,10 +132,11 @@ def read_records(
             f"rank {rank} skipped {skipped} malformed "
             f"{'row' if isinstance(the_plan, TablePlan) else 'line'}(s); the first: "
             + "; ".join(str(bad) for bad in examples[:3]),
-            stacklevel=2,
+            stacklevel=3,
         )
-    stats = LoadStats(rank, world_size, bytes_read, lines, len(records), len(records), skipped,
-                      {"read+parse": time.perf_counter() - started}, tuple(examples), row_groups)
+    stats = LoadStats(rank, the_plan.world_size, bytes_read, lines, len(records), len(records),
+                      skipped, {"read+parse": time.perf_counter() - started}, tuple(examples),
+                      row_groups)
     return records, stats
 
 
@@ -152,7 +162,7 @@ def _prepared(the_plan: Plan | TablePlan, fmt: Format, columns: Sequence[str] | 
 
 
 def load_records(
-    paths: Paths | Plan,
+    paths: Paths | Plan | TablePlan,
     fmt: Format | Callable[[], Format],
     *,
     mirror: bool = False,
@@ -217,9 +227,8 @@ def load_records(
 def _read(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, ...], rank: int,
           mirror: bool, block_bytes: int, progress: Progress | None, threads: int | None
           ) -> tuple[np.ndarray, LoadStats]:
-    records, stats = read_records(the_plan, fmt, rank, the_plan.world_size,
-                                  block_bytes=block_bytes, progress=progress,
-                                  columns=columns or None, threads=threads)
+    records, stats = _read_prepared(the_plan, fmt, columns, rank, block_bytes, progress,
+                                    rank_threads() if threads is None else threads)
     if mirror:
         kept = records[records["src"] != records["dst"]]
         records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])

@@ -128,12 +128,12 @@ def input_plan(
     >>> type(input_plan(path, 2)).__name__
     'Plan'
     """
-    if isinstance(paths, (Plan, TablePlan)):
-        if paths.world_size == world_size:
-            return paths  # planned already: a table plan is not read again
-        sources = paths.sources
-    else:
-        sources = tuple(expand(paths, storage_options))
+    world_size = require_int("world_size", world_size, minimum=1)
+    if isinstance(paths, TablePlan):
+        return paths.resized(world_size)  # its footers are not read again
+    if isinstance(paths, Plan):
+        return plan(paths, world_size)  # planned as text by the caller
+    sources = tuple(expand(paths, storage_options))
     columnar = [columnar_format(source.name) is not None for source in sources]
     if all(columnar):
         return TablePlan.of(sources, world_size)
@@ -142,4 +142,4 @@ def input_plan(
                        for kind in (True, False))
         raise ValueError(f"the inputs mix columnar files ({table}) with text files ({text}): "
                          "load each kind on its own")
-    return Plan(sources, require_int("world_size", world_size, minimum=1))
+    return Plan(sources, world_size)

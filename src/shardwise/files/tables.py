@@ -21,9 +21,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardwise.files.arrow import from_numpy, to_numpy
-from shardwise.files.columnar import TablePlan, Unit, read_unit, say_if_split_by_rows
+from shardwise.files.columnar import (
+    TablePlan,
+    Unit,
+    file_schema,
+    read_unit,
+    say_if_split_by_rows,
+)
 from shardwise.files.ids import hash_together
 from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, ParseError, Parsed
+from shardwise.files.sources import Source
 
 EDGE_PATTERNS = ("fmap", "smap", "fsmap")  # which rank owns an edge; fset is a text format
 
@@ -65,14 +72,17 @@ def vector_features(the_plan: TablePlan, columns: tuple[str, ...], features: int
     first = next((u for u in the_plan.units if u.rows), None)
     if first is None:
         return features or 1  # no rows anywhere: any width makes the same empty result
-    values = read_unit(first, 0, 1, columns)[columns[-1]]
-    if len(columns) > 2 or not _is_list(values.type):
+    schema = file_schema(first.source)
+    if any(c not in schema.names for c in columns):
+        _say_missing(first.source, columns)
+    if len(columns) > 2 or not _is_list(schema.field(columns[-1]).type):
         if features not in (None, len(columns) - 1):
             raise ValueError(f"features={features}, but columns names {len(columns) - 1} value "
                              "column(s): drop features=, or name one list column of vectors")
         return len(columns) - 1
     if features is not None:
         return features
+    values = read_unit(first, 0, 1, columns[-1:])[columns[-1]]  # only a list needs decoding
     length = pc.list_value_length(values)[0].as_py()
     if not length:
         raise ValueError(f"{first.source.name}: the first vector in column {columns[1]!r} is "
@@ -91,14 +101,20 @@ def read_table_records(
         try:
             table = read_unit(unit, first, end, columns)
         except KeyError:  # Arrow IPC refuses a column it lacks; Parquet leaves it out
-            table = read_unit(unit, 0, 0)
-        missing = [c for c in columns if c not in table.column_names]
-        if missing:
-            raise ValueError(
-                f"{unit.source.name} has no column {', '.join(map(repr, missing))}: its columns "
-                f"are {', '.join(read_unit(unit, 0, 0).column_names)}; name them in columns=")
+            table = None
+        if table is None or table.num_columns < len(columns):
+            _say_missing(unit.source, columns)
         parsed = table_records(table, fmt, columns, unit.source.name, first_rows[unit] + first)
         yield parsed, stretch_bytes(unit, first, end)
+
+
+def _say_missing(source: Source, columns: tuple[str, ...]) -> None:
+    """Raise, naming the ``columns`` that ``source`` lacks and those it has."""
+    names = file_schema(source).names
+    missing = [repr(c) for c in columns if c not in names]
+    raise ValueError(f"{source.name} has no column{'s' * (len(missing) > 1)} "
+                     f"{', '.join(missing)}: its columns are "
+                     f"{', '.join(names)}; name them in columns=")
 
 
 def stretch_bytes(unit: Unit, first: int, end: int) -> int:
@@ -132,10 +148,12 @@ def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: 
     if examples and fmt.on_error == "raise":
         raise ParseError(examples[0], f"{examples[0]} (fix the row, or pass on_error='skip' to "
                                       "count and skip such rows)")
-    keep = ~bad_rows
-    kept = (ids[keep], values[keep]) if fmt.pattern == "fvec" else (
-        ids[0][keep], ids[1][keep], weight[keep])
-    return Parsed(kept, table.num_rows, int(bad_rows.sum()), examples)
+    records = (ids, values) if fmt.pattern == "fvec" else (*ids, weight)
+    if bad_rows.any():
+        keep = ~bad_rows
+        records = tuple([v[keep] for v in c] if isinstance(c, list) else c[keep]
+                            for c in records)
+    return Parsed(records, table.num_rows, int(bad_rows.sum()), examples)
 
 
 def _first_rows(the_plan: TablePlan) -> dict[Unit, int]:
@@ -170,15 +188,14 @@ def _floats(column: pa.ChunkedArray, name: str, file: str) -> np.ndarray:
 
 
 def _vectors(table: pa.Table, fmt: Format, columns: tuple[str, ...], bad_rows: np.ndarray,
-             file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ids, a ``(rows, features)`` array, and which rows hold a vector of another length (or
-    with a null value)."""
+             file: str) -> tuple[np.ndarray, np.ndarray | list[np.ndarray], np.ndarray]:
+    """Ids, the values (a ``(rows, features)`` array from a list column, else one array per
+    value column), and which rows hold a vector of another length (or with a null value)."""
     ids, = _ids(table, columns[:1], fmt, file)
     wrong_length = np.zeros(table.num_rows, dtype=bool)
     if len(columns) > 2 or not _is_list(table[columns[1]].type):
-        values = np.column_stack([_floats(table[c], c, file) for c in columns[1:]]) \
-            if table.num_rows else np.empty((0, len(columns) - 1))
-        return ids, values, wrong_length
+        # One array per feature, which the record builder copies in column by column.
+        return ids, [_floats(table[c], c, file) for c in columns[1:]], wrong_length
     lists = table[columns[1]].combine_chunks()
     lengths = to_numpy(pc.fill_null(pc.list_value_length(lists), 0).cast(pa.int64()))
     wrong_length = (lengths != fmt.features) & ~bad_rows
