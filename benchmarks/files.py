@@ -142,7 +142,7 @@ def shardwise_rank(paths: list[str], pattern: str, ids: str, threads: int | None
     stats = loaded.stats
     return {"bytes": stats.bytes_read, **stats.seconds, "total": stats.total_seconds,
             "records": stats.records_owned, "threads": threads or rank_threads(),
-            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3 - before}
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6 - before}
 
 
 def _rss_mb() -> float:
@@ -157,6 +157,8 @@ def main() -> None:
     parser.add_argument("--ids", choices=["int", "str"], default="int")
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "bench-data")
     args = parser.parse_args()
+    if args.size_mb < 1:
+        parser.error(f"--size-mb must be at least 1, got {args.size_mb}")
     if (args.pattern, args.ids) not in BYTES_PER_LINE:
         parser.error(f"no data generator for --pattern {args.pattern} --ids {args.ids}")
     console = Console()
