@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from shardwise.cli import main
@@ -44,6 +46,14 @@ def test_load_of_raw_lines_in_one_process(tmp_path: Path, capsys: pytest.Capture
     with np.load(tmp_path / "rank-00000-of-00001.npz") as part:
         assert part["lines"].tolist() == ["x", "", "y"]
     assert "1 rank(s)" in capsys.readouterr().out
+
+
+def test_raw_lines_of_a_columnar_file_are_refused_by_name(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    pq.write_table(pa.table({"src": [1]}), tmp_path / "e.parquet")
+    with pytest.raises(SystemExit):
+        main(["load", str(tmp_path / "e.parquet"), "--pattern", "linesplit"])
+    assert "e.parquet is a columnar file: load its rows with --columns" in capsys.readouterr().err
 
 
 def shardwise_load(*args: str) -> subprocess.Popen:

@@ -22,7 +22,15 @@ from shardwise.cli.storage import add_storage_option, storage_options
 from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
 from shardwise.distributed.launch import process_group_from_env, spawn_local
 from shardwise.distributed.world import gather_objects, group_world
-from shardwise.files import PATTERNS, LoadStats, load_graph, load_matrix, load_vectors
+from shardwise.files import (
+    PATTERNS,
+    LoadStats,
+    agreed_plan,
+    load_graph,
+    load_matrix,
+    load_vectors,
+)
+from shardwise.files.columnar import columnar_format
 from shardwise.files.graph import KINDS
 from shardwise.files.read import chunk_lines, iter_chunks
 
@@ -128,8 +136,13 @@ def _load_lines(paths: list[str], storage_options: dict[str, Any]
                 ) -> tuple[LoadStats, dict[str, np.ndarray]]:
     world_size, rank = group_world()
     started = time.perf_counter()
+    the_plan = agreed_plan(paths, storage_options=storage_options)  # every rank, the same files
+    columnar = next((s.name for s in the_plan.sources if columnar_format(s.name)), None)
+    if columnar is not None:
+        raise ValueError(f"--pattern linesplit reads text lines, but {columnar} is a columnar "
+                         "file: load its rows with --columns and a record pattern instead")
     lines, bytes_read = [], 0
-    for chunk in iter_chunks(paths, rank, world_size, storage_options=storage_options):
+    for chunk in iter_chunks(the_plan, rank, world_size):
         lines.extend(chunk_lines(chunk))
         bytes_read += len(chunk.data)
     seconds = {"read+parse": time.perf_counter() - started}
