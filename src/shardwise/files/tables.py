@@ -152,7 +152,7 @@ def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: 
     if bad_rows.any():
         keep = ~bad_rows
         records = tuple([v[keep] for v in c] if isinstance(c, list) else c[keep]
-                            for c in records)
+                        for c in records)
     return Parsed(records, table.num_rows, int(bad_rows.sum()), examples)
 
 
