@@ -32,6 +32,7 @@ from rich.table import Table
 from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.files.ids import string_ids
+from shardwise.files.ipc_footer import record_batches
 from shardwise.files.sources import Paths, Source, StorageOptions, expand
 from shardwise.mix import mix_ints
 
@@ -229,12 +230,8 @@ def _units(source: Source) -> list[Unit]:
             meta = pq.ParquetFile(handle).metadata
             return [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
                     for i in range(meta.num_row_groups)]
-        reader = ipc.open_file(handle)
-        units = []
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            units.append(Unit(source, i, batch.num_rows, batch.nbytes))
-        return units
+        batches = record_batches(handle, source.size, source.name)  # no batch body is read
+        return [Unit(source, i, rows, stored) for i, (rows, stored) in enumerate(batches)]
 
 
 def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Schema:
