@@ -86,6 +86,32 @@ def test_arrow_ipc_objects_are_read_by_record_batch(store: ObjectStore) -> None:
     assert shares[0] + shares[1] == list(range(50)) and all(shares)
 
 
+def _bytes_asked(requests: list) -> int:
+    spans = [r.range.removeprefix("bytes=").split("-") for r in requests if r.range]
+    return sum(int(stop) - int(start) + 1 for start, stop in spans)
+
+
+@pytest.mark.timeout(60)
+def test_planning_an_arrow_ipc_object_asks_for_little_of_it(store: ObjectStore) -> None:
+    table = pa.table({"id": list(range(400_000))})
+    buffer = io.BytesIO()
+    with pa.ipc.new_file(buffer, table.schema) as writer:
+        writer.write_table(table, max_chunksize=100_000)  # 4 bodies of 800 KB
+    store.upload({"ipc/big.arrow": buffer.getvalue()})
+    store.faults.reset()
+    plan = table_plan(f"s3://{BUCKET}/ipc/big.arrow", 2, storage_options=store.options())
+    assert [unit.rows for unit in plan.units] == [100_000] * 4
+    assert _bytes_asked(store.faults.seen("big.arrow")) < len(buffer.getvalue()) // 20
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_reads_the_footer_of_a_file_once_for_all_its_row_groups(store: ObjectStore) -> None:
+    plan = table_plan(f"s3://{BUCKET}/table/part-002.parquet", 1, storage_options=store.options())
+    store.faults.reset()
+    assert read_table(plan, 0, 1)["id"].to_pylist() == ALL_IDS[790:1320]
+    assert len(plan.units) == 5 and len(store.faults.seen("part-002")) <= 3  # was 2 per group
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fault, kind, says", [
     ("403", PermissionError, "access was denied"),

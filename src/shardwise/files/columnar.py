@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -36,6 +36,7 @@ from shardwise.files.ipc_footer import record_batches
 from shardwise.files.sources import Paths, Source, StorageOptions, expand
 from shardwise.mix import mix_ints
 
+_METADATA_READ_BYTES = 16 * 2**10  # a request made to plan asks for at least this many bytes
 SUFFIXES = {".parquet": "parquet", ".parq": "parquet", ".pq": "parquet",
             ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
 
@@ -198,7 +199,7 @@ def read_table(
     else:
         plan = table_plan(paths, world_size, storage_options=storage_options)
     say_if_split_by_rows(plan, rank)
-    pieces = [read_unit(unit, first, end, columns) for unit, first, end in plan.share(rank)]
+    pieces = list(read_stretches(plan.share(rank), columns))
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
         return file_schema(plan.sources[0], columns).empty_table()
     schema = pieces[0].schema
@@ -225,7 +226,8 @@ def _units(source: Source) -> list[Unit]:
     if kind is None:
         raise ValueError(f"{source.name} is not a Parquet or Arrow IPC file (by its name); "
                          f"columnar inputs end in {', '.join(SUFFIXES)}")
-    with source.open() as handle:
+    # Small reads ask for little: an IPC file's batch metadata lies between the batches' bodies.
+    with source.open(buffer_bytes=_METADATA_READ_BYTES) as handle:
         if kind == "parquet":
             meta = pq.ParquetFile(handle).metadata
             return [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
@@ -250,14 +252,32 @@ def _compressed(row_group: Any) -> int:
 
 def read_unit(unit: Unit, first: int, end: int, columns: Sequence[str] | None = None) -> pa.Table:
     """Rows ``first:end`` of one row group (or record batch), only ``columns`` when given."""
-    with unit.source.open() as handle:
-        if columnar_format(unit.source.name) == "parquet":
-            table = pq.ParquetFile(handle).read_row_group(unit.index, columns=columns)
-        else:
-            batch = ipc.open_file(handle).get_batch(unit.index)
-            table = pa.Table.from_batches([batch])
-            if columns is not None:
-                table = table.select(list(columns))
-    if (first, end) != (0, unit.rows):
-        table = table.slice(first, end - first)
-    return table
+    return next(read_stretches([(unit, first, end)], columns))
+
+
+def read_stretches(stretches: Iterable[tuple[Unit, int, int]],
+                   columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    """The rows of each ``(unit, first row, end row)`` in turn (only ``columns`` when given).
+
+    Consecutive units of one file share one opened file and one reading of its footer: for an
+    object in a bucket, every footer read is a request.
+    """
+    source, handle, reader = None, None, None
+    try:
+        for unit, first, end in stretches:
+            if unit.source is not source:
+                if handle is not None:
+                    handle.close()
+                source, handle = unit.source, unit.source.open()
+                reader = (pq.ParquetFile(handle) if columnar_format(source.name) == "parquet"
+                          else ipc.open_file(handle))
+            if isinstance(reader, pq.ParquetFile):
+                table = reader.read_row_group(unit.index, columns=columns)
+            else:
+                table = pa.Table.from_batches([reader.get_batch(unit.index)])
+                if columns is not None:
+                    table = table.select(list(columns))
+            yield table if (first, end) == (0, unit.rows) else table.slice(first, end - first)
+    finally:
+        if handle is not None:
+            handle.close()

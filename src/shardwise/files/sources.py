@@ -78,10 +78,11 @@ class Source:
         """Whether every read is a request to a server (an object store, HTTP), not a local file."""
         return not isinstance(self.planned_fs, LocalFileSystem)
 
-    def open(self) -> io.BufferedIOBase:
-        """The file opened for binary reading; a remote one reads by retried range requests."""
+    def open(self, buffer_bytes: int = _REMOTE_BUFFER_BYTES) -> io.BufferedIOBase:
+        """The file opened for binary reading; a remote one reads by retried range requests, a
+        read of fewer than ``buffer_bytes`` asking for that many."""
         if self.remote:
-            return io.BufferedReader(RetriedFile(self), buffer_size=_REMOTE_BUFFER_BYTES)
+            return io.BufferedReader(RetriedFile(self), buffer_size=buffer_bytes)
         return self.fs.open(self.path, "rb")
 
 

@@ -15,6 +15,7 @@ lacks, is an error naming it whatever ``on_error`` says, as no row of that input
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +26,7 @@ from shardwise.files.columnar import (
     TablePlan,
     Unit,
     file_schema,
+    read_stretches,
     read_unit,
     say_if_split_by_rows,
 )
@@ -97,15 +99,18 @@ def read_table_records(
     (a share of its row group's when only some rows are read)."""
     say_if_split_by_rows(the_plan, rank)
     first_rows = _first_rows(the_plan)
-    for unit, first, end in the_plan.share(rank):
-        try:
-            table = read_unit(unit, first, end, columns)
-        except KeyError:  # Arrow IPC refuses a column it lacks; Parquet leaves it out
-            table = None
-        if table is None or table.num_columns < len(columns):
-            _say_missing(unit.source, columns)
-        parsed = table_records(table, fmt, columns, unit.source.name, first_rows[unit] + first)
-        yield parsed, stretch_bytes(unit, first, end)
+    share = the_plan.share(rank)
+    with closing(read_stretches(share, columns)) as tables:  # its file closed on any exit
+        for unit, first, end in share:
+            try:
+                table = next(tables)
+            except KeyError:  # Arrow IPC refuses a column it lacks; Parquet leaves it out
+                table = None
+            if table is None or table.num_columns < len(columns):
+                _say_missing(unit.source, columns)
+            parsed = table_records(table, fmt, columns, unit.source.name,
+                                   first_rows[unit] + first)
+            yield parsed, stretch_bytes(unit, first, end)
 
 
 def _say_missing(source: Source, columns: tuple[str, ...]) -> None:
