@@ -1,5 +1,6 @@
 """The loader's state counts batches delivered, and resumes at exactly the next one."""
 
+import json
 import random
 from collections import Counter
 from itertools import islice
@@ -127,12 +128,12 @@ def test_torch_samplers_resume_by_replaying_their_draws(workers, seeded):
     head = values(islice(iterator, 5))
     state = loader.state_dict()
     whole = head + values(iterator)
+    later = values(loader)  # the next epoch
     torch.manual_seed(12345)  # the resumed job's own randomness is different...
-    before = torch.get_rng_state()
     fresh = make()
     fresh.load_state_dict(state)
     assert values(fresh) == whole[5:]
-    assert torch.equal(before, torch.get_rng_state())  # ...and the replay left it untouched
+    assert values(fresh) == later  # ...yet its next epoch draws what the saved job's drew
 
 
 def test_persistent_workers_resume_in_a_later_epoch():
@@ -213,3 +214,119 @@ def test_python_and_numpy_randomness_are_not_touched_by_a_resume():
     list(fresh)
     assert random.random() == random.Random(1).random()
     assert np.random.rand() == np.random.RandomState(1).rand()
+
+
+class Noisy(Dataset):
+    """Each item carries a draw from the global torch RNG (a random augmentation)."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.stack([torch.tensor(index), torch.randint(1000, ())])
+
+
+def batches(loader) -> list:
+    return [b.tolist() for b in loader]
+
+
+@pytest.mark.parametrize("dataset, shuffle", [(Indexed(), True), (Stream(), False)])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_saved_after_an_epoch_resumes_with_the_next_epoch_whole(dataset, shuffle, workers):
+    def make():
+        return DataLoader(dataset, batch_size=4, shuffle=shuffle, num_workers=workers,
+                          generator=torch.Generator().manual_seed(5))
+
+    loader = make()
+    batches(loader)
+    state = loader.state_dict()
+    json.dumps(state)  # plain numbers and lists: json writes it as torch.save does
+    second, third = batches(loader), batches(loader)
+    fresh = make()
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert batches(fresh) == second and batches(fresh) == third
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_state_taken_before_the_first_pass_seeds_the_workers_as_the_pass_would(persistent):
+    def make():
+        return DataLoader(Noisy(), batch_size=4, num_workers=2, persistent_workers=persistent)
+
+    torch.manual_seed(7)
+    state = make().state_dict()
+    expected = batches(make())  # the same global RNG state as the saved loader's
+    torch.manual_seed(99)
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert batches(fresh) == expected
+
+
+def test_a_state_loads_into_a_loader_with_live_persistent_workers_as_into_a_fresh_one():
+    def make():
+        return DataLoader(Noisy(), batch_size=4, num_workers=2, persistent_workers=True)
+
+    loader = make()
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    state = loader.state_dict()
+    del iterator
+    batches(loader)  # the workers live on into another epoch, their draws moving on
+    fresh = make()
+    fresh.load_state_dict(state)
+    loader.load_state_dict(state)
+    assert batches(loader) == batches(fresh)
+
+
+def test_a_stream_resumes_only_on_as_many_worker_processes():
+    loader = DataLoader(Stream(), batch_size=3, num_workers=2)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    del iterator
+    with pytest.raises(ValueError, match="as 2 worker processes but this loader reads it as one "
+                                         "stream .* num_workers=2"):
+        DataLoader(Stream(), batch_size=3).load_state_dict(state)
+
+
+class StatefulNoisy(Noisy):
+    """A Stateful dataset whose state is the RNG its draws come from (torchdata's protocol)."""
+
+    def state_dict(self) -> dict:
+        return {"rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["rng"])
+
+
+class Countdown(IterableDataset):
+    """Its own iterator, Stateful: ``__iter__`` starts over, the state holds the position."""
+
+    def __init__(self) -> None:
+        self.at = 0
+
+    def __iter__(self):
+        self.at = 0
+        return self
+
+    def __next__(self) -> int:
+        if self.at >= 20:
+            raise StopIteration
+        self.at += 1
+        return self.at - 1
+
+    def state_dict(self) -> dict:
+        return {"at": self.at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.at = state["at"]
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 4])
+def test_a_stateful_dataset_in_the_loaders_process_resumes_by_its_own_state(stop_after):
+    torch.manual_seed(3)
+    whole, head, rest, _ = interrupted(
+        lambda: DataLoader(StatefulNoisy(), batch_size=4, shuffle=True), stop_after)
+    assert head + rest == whole  # the same indices and the same draws for them
+    dataset = Countdown()  # one object, exhausted by the uninterrupted pass before the resume
+    whole, head, rest, _ = interrupted(lambda: DataLoader(dataset, batch_size=3), stop_after)
+    assert head + rest == whole

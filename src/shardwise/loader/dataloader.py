@@ -169,6 +169,9 @@ class DataLoader(TorchDataLoader[T_co]):
         """Make the next pass continue the saved one at its next undelivered batch."""
         self._resume = read_state(self, state)
         self._loaded, self._record = state, None
+        if self._workers is not None:  # persistent workers hold another pass's seed and dataset
+            self._workers.close()
+            self._workers = None
 
     @property
     def stats(self) -> LoaderStats:

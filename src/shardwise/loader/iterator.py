@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 import warnings
 import weakref
 from collections.abc import Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +24,8 @@ from torch.utils.data.dataloader import _DatasetKind
 from shardwise.loader.datapipes import draw_shared_seed, shard_for_rank, sharding_init_fn
 from shardwise.loader.device import Background, ToDevice
 from shardwise.loader.pools import Event, ProcessPool, ThreadPool, Workers, start_method_context
-from shardwise.loader.position import (PassRecord, Resume, new_record, replayed_randomness,
-                                       resumable_sampler)
+from shardwise.loader.position import (PassRecord, Resume, dataset_states, new_record,
+                                       resumable_sampler, restore_randomness)
 from shardwise.loader.stats import Clock
 from shardwise.loader.workers import WorkerSpec
 
@@ -64,10 +64,28 @@ class LoaderIterator(Iterator[Any]):
         # What len(loader) said of an IterableDataset before this pass, as torch keeps it.
         self._told_length = (loader._IterableDataset_len_called
                              if loader._dataset_kind == _DatasetKind.Iterable else None)
-        self._open_indices(first, resume)
+        # A Stateful dataset in this process is put back by its own state, which may hold the
+        # random state it stood at: a state from within a pass is put back after the pass's own
+        # draws are replayed, one from before a pass began before them. With workers, each has
+        # its own copy, and a resume takes the other routes.
+        restored = resume.dataset_states if resume is not None and not self._num_workers else {}
+        within = resume is not None and resume.base_seed is not None
+        if "dataset" in restored and not within:
+            loader.dataset.load_state_dict(restored["dataset"])
+        self._open_indices(first, resume, restored)
+        if "dataset" in restored and within:
+            loader.dataset.load_state_dict(restored["dataset"])
         self.clock = Clock(self._num_workers)
         self._fetcher = None if self._num_workers else _DatasetKind.create_fetcher(
             loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
+        iterator = getattr(self._fetcher, "dataset_iter", None)
+        if "dataset_iter" in restored:
+            iterator.load_state_dict(restored["dataset_iter"])
+        # Taken as the pass begins, then after each batch fetched here, kept when it is delivered.
+        begun = dataset_states(loader.dataset, iterator) if self._fetcher is not None else {}
+        self.record.dataset_states = begun or None
+        self._keeps_states = bool(begun)
+        self._fetched_states: deque[dict[str, Any]] = deque()
         self._sent = self._received = 0
         self._tasks: dict[int, _Task] = {}
         self._active = [True] * self._num_workers
@@ -84,7 +102,8 @@ class LoaderIterator(Iterator[Any]):
             self._source = self._stage(ToDevice(self._source or _Batches(self), loader._device))
         loader._on_pass_start(self)
 
-    def _open_indices(self, first: bool, resume: Resume | None) -> None:
+    def _open_indices(self, first: bool, resume: Resume | None, restored: dict[str, Any]
+                      ) -> None:
         """Start the pass's indices (and the workers), drawing as torch's loader draws.
 
         torch's order: a datapipe's shared seed, an iterator, the base seed, the workers, a second
@@ -95,45 +114,47 @@ class LoaderIterator(Iterator[Any]):
         loader = self._loader
         replay = resume is not None and bool(resume.randomness)
         processes = self._num_workers > 0 and loader.worker_type == "process"
-        with replayed_randomness(loader, resume.randomness) if replay else nullcontext():
-            self._shared_seed = draw_shared_seed(loader)
-            if not processes:  # one stream in this process: it keeps this rank's shard
-                shard_for_rank(loader.dataset)
+        if replay:  # the generators go back to where the saved pass began, and go on from there
+            restore_randomness(loader, resume.randomness)
+        self._shared_seed = draw_shared_seed(loader)
+        if not processes:  # one stream in this process: it keeps this rank's shard
+            shard_for_rank(loader.dataset)
+        self._indices = iter(loader._index_sampler)
+        if resume is None or resume.base_seed is None:  # a pass from its start
+            if first:
+                self._base_seed = self._draw_base_seed()
+            self.record.drew_base_seed = first
+        else:
+            if replay and resume.drew_base_seed:
+                self._draw_base_seed()  # drawn and dropped: later draws stay aligned
+            if first:
+                self._base_seed = resume.base_seed
+            self.record.drew_base_seed = resume.drew_base_seed
+        if resume is not None:
+            self.record.randomness = resume.randomness or self.record.randomness
+            self.record.resumed_batches = resume.resumed_batches
+        if not first:  # the persistent workers' seed
+            self._base_seed = self._pool_owner.base_seed
+        self.record.base_seed = self._base_seed
+        if self._num_workers:
+            if first:
+                self._pool = self._start_pool()
+                if processes:  # torch draws (and drops) one more after starting them
+                    draw_shared_seed(loader)
+            else:
+                self._pool.new_epoch(self._shared_seed)
+            self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
             self._indices = iter(loader._index_sampler)
-            if resume is None:
-                if first:
-                    self._base_seed = self._draw_base_seed()
-                self.record.drew_base_seed = first
-            else:
-                if replay and resume.drew_base_seed:
-                    self._draw_base_seed()  # drawn and dropped: later draws stay aligned
-                if first:
-                    self._base_seed = resume.base_seed
-                self.record.drew_base_seed = resume.drew_base_seed
-                self.record.randomness = resume.randomness or self.record.randomness
-                self.record.resumed_batches = resume.resumed_batches
-            if not first:  # the persistent workers' seed
-                self._base_seed = self._pool_owner.base_seed
-            self.record.base_seed = self._base_seed
-            if self._num_workers:
-                if first:
-                    self._pool = self._start_pool()
-                    if processes:  # torch draws (and drops) one more after starting them
-                        draw_shared_seed(loader)
-                else:
-                    self._pool.new_epoch(self._shared_seed)
-                self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
-                self._indices = iter(loader._index_sampler)
-            skip = resume.skip if resume is not None else 0
-            self._drop = 0
-            if skip and loader._dataset_kind == _DatasetKind.Map:
-                for _ in itertools.islice(self._indices, skip):
-                    pass  # the delivered batches' indices: nothing is loaded for them
-            else:
-                self._drop = skip  # a stream: its delivered batches are loaded again and dropped
-            if replay:  # what a sampler draws lazily is drawn now, from the restored state
-                self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
-                                                self._indices)
+        skip = resume.skip if resume is not None else 0
+        self._drop = 0
+        if skip and loader._dataset_kind == _DatasetKind.Map:
+            for _ in itertools.islice(self._indices, skip):
+                pass  # the delivered batches' indices: nothing is loaded for them
+        elif not restored:  # a stream restored by its own state is where it was
+            self._drop = skip  # else its delivered batches are loaded again and dropped
+        if replay:  # what a sampler draws lazily is drawn now, from the restored state
+            self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
+                                            self._indices)
 
     def _draw_base_seed(self) -> int:
         return int(torch.empty((), dtype=torch.int64).random_(generator=self._loader.generator)
@@ -197,9 +218,12 @@ class LoaderIterator(Iterator[Any]):
                 self._advance(failed)
                 raise
             self.clock.waited(time.perf_counter() - asked)
+            states = self._fetched_states.popleft() if self._keeps_states else None
             if self._dropped():
                 continue
             self._advance(count)
+            if states is not None:
+                self.record.dataset_states = states
             self._loader._on_batch(self)
             if self._told_length is not None and self.record.batches > self._told_length:
                 self._warn_past_length()
@@ -243,6 +267,9 @@ class LoaderIterator(Iterator[Any]):
             except Exception:
                 self._failed_count = count
                 raise
+            if self._keeps_states:
+                iterator = getattr(self._fetcher, "dataset_iter", None)
+                self._fetched_states.append(dataset_states(self._loader.dataset, iterator))
         else:
             batch, count = self._next_from_workers()
         if self._loader._pinning and not isinstance(self._pool, ProcessPool):

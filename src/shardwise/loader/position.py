@@ -8,16 +8,18 @@ takes one of three routes, by what the loader iterates:
 - any other sampler (torch's ``RandomSampler``, ``SequentialSampler``, ``BatchSampler``, ...):
   the random generator states the pass started from, and a skip of the delivered batches'
   indices (no data is loaded for them);
-- an ``IterableDataset``: the delivered batches are loaded again and dropped.
+- an ``IterableDataset``: the random states the pass started from, and the delivered batches
+  are loaded again and dropped (by as many worker processes as the saved pass had).
 
-Nothing is recorded per step: the state is built when asked for.
+A state taken before a pass begins, or after one ends, is the start of the next pass (with the
+random states it will draw from): a resume then begins the next epoch whole. Nothing is
+recorded per step: the state is built when asked for, of plain numbers and lists.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,18 +61,17 @@ def random_states(loader: Any) -> dict[str, torch.Tensor]:
             **{name: g.get_state() for name, g in generators_of(loader).items()}}
 
 
-@contextlib.contextmanager
-def replayed_randomness(loader: Any, states: dict[str, torch.Tensor]) -> Iterator[None]:
-    """Draw as the interrupted pass drew, then give the caller's global RNG back untouched."""
-    callers = torch.get_rng_state()
+def restore_randomness(loader: Any, states: dict[str, torch.Tensor]) -> None:
+    """Put the global RNG and the loader's generators back where a saved pass began them.
+
+    The resumed pass then draws as the interrupted one drew, and later passes go on from there
+    as they would have: giving the caller's global RNG back instead would make the next epoch
+    draw what the first epoch of a job seeded the same way drew, and repeat its order.
+    """
     torch.set_rng_state(states["global"])
     for name, generator in generators_of(loader).items():
         if name in states:
             generator.set_state(states[name])
-    try:
-        yield
-    finally:
-        torch.set_rng_state(callers)
 
 
 @dataclass
@@ -80,19 +81,20 @@ class PassRecord:
     route: str  # "sampler", "replay" or "iterable": how a resume finds the place
     randomness: dict[str, torch.Tensor] = field(default_factory=dict)
     sampler_epoch: Any = None  # the resumable sampler's epoch, once the pass delivered a batch
-    base_seed: int = 0  # the workers' base seed
+    base_seed: int | None = None  # the workers' base seed, once the pass has begun
     drew_base_seed: bool = False  # the pass drew the base seed (the first pass of its workers)
     resumed_batches: int = 0  # batches a resumed pass started after
     batches: int = 0  # delivered by this pass
     samples: int = 0  # indices behind the batches this pass delivered
     finished: bool = False
     out_of_order: bool = False
+    dataset_states: dict[str, Any] | None = None  # a Stateful dataset's, after the last batch
 
 
 def new_record(loader: Any) -> PassRecord:
     """The record of a pass about to begin (its random state taken now, before any draw)."""
     route = _route(loader, resumable_sampler(loader))
-    return PassRecord(route, random_states(loader) if route == "replay" else {})
+    return PassRecord(route, random_states(loader) if route != "sampler" else {})
 
 
 def current(loader: Any, record: PassRecord) -> bool:
@@ -118,21 +120,57 @@ def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | Non
 def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     """The state of ``loader`` after what ``record`` says was delivered."""
     sampler = resumable_sampler(loader)
-    if record is None or not current(loader, record):
-        record = new_record(loader)  # no pass yet, or the sampler moved on: the next pass's start
+    if record is None or not current(loader, record) or (record.finished
+                                                         and record.route != "sampler"):
+        # No pass yet, the sampler moved on, or the pass ended: the state is the next pass's
+        # start, so a resume begins the next epoch whole (a sampler's own state says as much).
+        record = new_record(loader)
+        if not loader.num_workers:  # the dataset in this process stands where the next pass starts
+            record.dataset_states = dataset_states(loader.dataset, None)
     if record.out_of_order:
         warnings.warn("in_order=False delivered batches out of order: the state counts the "
                       "batches delivered, so a resume may repeat or skip a few; pass "
                       "in_order=True for an exact resume", stacklevel=3)
+    # Plain numbers and lists only, so that json can write it as well as torch.save.
+    batches = record.resumed_batches + record.batches
+    # Before a pass delivers anything, its state is its start: a resume begins it anew, drawing
+    # its base seed again from the same random states (and so the same seed).
     state: dict[str, Any] = {"version": STATE_VERSION, "route": record.route,
-                             "batches": record.resumed_batches + record.batches,
-                             "finished": record.finished, "base_seed": record.base_seed,
+                             "batches": batches, "finished": record.finished,
+                             "base_seed": record.base_seed if batches else None,
                              "drew_base_seed": record.drew_base_seed}
     if record.route == "sampler":
         state["sampler"] = sampler.state_dict(consumed=record.samples)
-    elif record.route == "replay":
-        state["randomness"] = record.randomness
+    else:
+        state["randomness"] = {name: s.tolist() for name, s in record.randomness.items()}
+    if record.route == "iterable":
+        state["streams"] = worker_streams(loader)
+    if record.dataset_states:
+        state["dataset_states"] = record.dataset_states
     return state
+
+
+def stateful(thing: Any) -> bool:
+    """Whether ``thing`` keeps a state of its own (torchdata's ``Stateful`` protocol)."""
+    return callable(getattr(thing, "state_dict", None)) and callable(
+        getattr(thing, "load_state_dict", None))
+
+
+def dataset_states(dataset: Any, iterator: Any) -> dict[str, Any]:
+    """The own states of a Stateful dataset and of its iterator (an IterableDataset's, which may
+    be the dataset itself: its ``__iter__`` may reset what its state restores), as they stand
+    now (copies: a dataset may hand out what it goes on changing)."""
+    states = {}
+    if stateful(dataset):
+        states["dataset"] = copy.deepcopy(dataset.state_dict())
+    if iterator is not None and stateful(iterator):
+        states["dataset_iter"] = copy.deepcopy(iterator.state_dict())
+    return states
+
+
+def worker_streams(loader: Any) -> int:
+    """How many copies of an IterableDataset a pass reads: one per worker process, else one."""
+    return loader.num_workers if loader.worker_type == "process" else 0
 
 
 def _route(loader: Any, sampler: Any | None) -> str:
@@ -150,12 +188,14 @@ class Resume:
     skip: int  # batches to pass over without delivering them again
     resumed_batches: int  # where the count of delivered batches starts
     randomness: dict[str, torch.Tensor]  # the interrupted pass's starting random states
-    base_seed: int
+    base_seed: int | None  # None: saved before the pass began, which begins as any pass does
     drew_base_seed: bool
+    dataset_states: dict[str, Any]  # a Stateful dataset's (and its iterator's) own states
 
 
-def read_state(loader: Any, state: Any) -> Resume:
-    """Check a saved loader state, place a resumable sampler, and say what the next pass does."""
+def read_state(loader: Any, state: Any) -> Resume | None:
+    """Check a saved loader state, place a resumable sampler, and say what the next pass does
+    (None: it is an ordinary pass)."""
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         raise ValueError(f"not a shardwise loader state (version {STATE_VERSION}): {state!r:.200}")
     sampler = resumable_sampler(loader)
@@ -164,8 +204,26 @@ def read_state(loader: Any, state: Any) -> Resume:
         raise ValueError(f"the state was saved by a loader that resumes by {state.get('route')!r} "
                          f"but this loader resumes by {route!r}: build it with the same kind of "
                          "dataset and sampler")
-    batches, seed, drew = int(state["batches"]), int(state["base_seed"]), bool(state["drew_base_seed"])
+    batches, drew = int(state["batches"]), bool(state["drew_base_seed"])
+    seed = None if state["base_seed"] is None else int(state["base_seed"])
+    datasets = dict(state.get("dataset_states") or {})
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
-        return Resume(0, batches, {}, seed, drew)
-    return Resume(batches, batches, dict(state.get("randomness", {})), seed, drew)
+        return Resume(0, batches, {}, seed, drew, datasets)
+    if route == "iterable" and not state["finished"]:
+        streams = worker_streams(loader)
+        saved = state.get("streams", streams)  # states saved before it was recorded: trusted
+        if saved != streams:
+            raise ValueError(
+                f"the state was saved by a loader reading its IterableDataset as {_streams(saved)} "
+                f"but this loader reads it as {_streams(streams)}: each worker process reads its "
+                "own share of the stream, so build the loader with "
+                + (f"num_workers={saved} worker processes" if saved
+                   else "num_workers=0 (or thread workers)"))
+    randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
+                  for name, s in state.get("randomness", {}).items()}
+    return Resume(batches, batches, randomness, seed, drew, datasets)
+
+
+def _streams(count: int) -> str:
+    return f"{count} worker processes" if count else "one stream (no worker processes)"
