@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any

@@ -131,7 +131,7 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         warnings.warn("in_order=False delivered batches out of order: the state counts the "
                       "batches delivered, so a resume may repeat or skip a few; pass "
                       "in_order=True for an exact resume", stacklevel=3)
-    # Plain numbers and lists only, so that json can write it as well as torch.save.
+    # Plain numbers and lists (and a Stateful dataset's own state), so that json can write it.
     batches = record.resumed_batches + record.batches
     # Before a pass delivers anything, its state is its start: a resume begins it anew, drawing
     # its base seed again from the same random states (and so the same seed).
