@@ -54,8 +54,8 @@ class Graph:
         if kind not in KINDS:
             raise ValueError(f"unknown graph kind {kind!r}: choose one of {', '.join(KINDS)}")
         sources, order = sort_with_order(src)
-        # One thread gathers: on a rank's first build the output's pages are fresh, and threads
-        # faulting them in at once ran the build 2x slower than one (benchmarks/files.py).
+        # One thread gathers: on a rank's first build the output's pages are fresh, and two
+        # threads faulting them in at once built 2x slower than one (on a 2-core VM).
         dst, weight = dst[order], weight[order]
         # Freed before the row arrays are allocated, so they reuse its memory rather than
         # touching fresh pages (costly on some virtual machines).

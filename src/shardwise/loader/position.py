@@ -210,7 +210,7 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
         return Resume(0, batches, {}, seed, drew, datasets)
-    if route == "iterable" and not state["finished"]:
+    if route == "iterable":
         streams = worker_streams(loader)
         saved = state.get("streams", streams)  # states saved before it was recorded: trusted
         if saved != streams:
