@@ -283,7 +283,7 @@ def test_a_stream_resumes_only_on_as_many_worker_processes():
     next(iterator)
     state = loader.state_dict()
     del iterator
-    with pytest.raises(ValueError, match="as 2 worker processes but this loader reads it as one "
+    with pytest.raises(ValueError, match="as 2 worker processes but this loader has one "
                                          "stream .* num_workers=2"):
         DataLoader(Stream(), batch_size=3).load_state_dict(state)
 
@@ -292,10 +292,10 @@ class StatefulNoisy(Noisy):
     """A Stateful dataset whose state is the RNG its draws come from (torchdata's protocol)."""
 
     def state_dict(self) -> dict:
-        return {"rng": torch.get_rng_state()}
+        return {"rng": torch.get_rng_state().tolist()}
 
     def load_state_dict(self, state: dict) -> None:
-        torch.set_rng_state(state["rng"])
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
 
 
 class Countdown(IterableDataset):
@@ -330,3 +330,104 @@ def test_a_stateful_dataset_in_the_loaders_process_resumes_by_its_own_state(stop
     dataset = Countdown()  # one object, exhausted by the uninterrupted pass before the resume
     whole, head, rest, _ = interrupted(lambda: DataLoader(dataset, batch_size=3), stop_after)
     assert head + rest == whole
+
+
+class Wandering(Countdown):
+    """A stream that starts anywhere (as a shuffled shard list might): only its own state can put
+    a resume back where it was; loading it again from the start would not."""
+
+    def __iter__(self):
+        self.at = random.SystemRandom().randrange(1000)
+        self.end = self.at + 20
+        return self
+
+    def __next__(self) -> int:
+        if self.at >= self.end:
+            raise StopIteration
+        self.at += 1
+        return self.at - 1
+
+    def state_dict(self) -> dict:
+        return {"at": self.at, "end": self.end}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.at, self.end = state["at"], state["end"]
+
+
+def json_interrupted(make_loader, stop_after: int):
+    """``interrupted``, with the state written to JSON and read back on the way."""
+    loader = make_loader()
+    iterator = iter(loader)
+    head = values(islice(iterator, stop_after))
+    state = json.loads(json.dumps(loader.state_dict()))
+    whole = head + values(iterator)
+    fresh = make_loader()
+    fresh.load_state_dict(state)
+    return whole, head + values(fresh)
+
+
+@pytest.mark.parametrize("stop_after", [2, 3])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_stateful_dataset_in_worker_processes_resumes_each_copy_by_its_own_state(
+        stop_after, persistent):
+    # Each worker's draws go on from its dataset's state, not from the worker's fresh seed; the
+    # batch after the resume goes to the worker whose turn it was. (Both workers have delivered
+    # a batch: one that has not starts afresh, seeded as before, which a stream that starts
+    # from true entropy would not repeat.)
+    def noisy():
+        return DataLoader(StatefulNoisy(), batch_size=2, shuffle=True, num_workers=2,
+                          persistent_workers=persistent)
+
+    torch.manual_seed(3)
+    whole, resumed = json_interrupted(noisy, stop_after)
+    assert resumed == whole
+    for dataset in (Wandering(), Countdown()):
+        whole, resumed = json_interrupted(
+            lambda dataset=dataset: DataLoader(dataset, batch_size=3, num_workers=2,
+                                               persistent_workers=persistent), stop_after)
+        assert resumed == whole
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_stateful_stream_in_the_loaders_process_resumes_without_loading_again(threads,
+                                                                                  persistent):
+    dataset = Wandering()
+    whole, resumed = json_interrupted(
+        lambda: DataLoader(dataset, batch_size=3, num_workers=threads, worker_type="thread",
+                           persistent_workers=persistent and threads > 0), 2)
+    assert resumed == whole
+
+
+@pytest.mark.parametrize("stop_after", [3, None])
+def test_persistent_workers_carry_their_datasets_state_into_a_resumed_epoch(stop_after):
+    # Saved within the second epoch, or after it: the workers' datasets stand where that epoch's
+    # draws left them, and a resume goes on from there.
+    def make():
+        return DataLoader(StatefulNoisy(), batch_size=2, num_workers=2, persistent_workers=True)
+
+    torch.manual_seed(3)
+    loader = make()
+    batches(loader)
+    iterator = iter(loader)
+    list(islice(iterator, stop_after))  # None: to the epoch's end
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = values(iterator)
+    later = batches(loader)
+    fresh = make()
+    fresh.load_state_dict(state)
+    if stop_after is None:
+        assert batches(fresh) == later
+    else:
+        assert values(fresh) == rest and batches(fresh) == later
+
+
+def test_a_stateful_datasets_states_resume_only_on_as_many_worker_processes():
+    loader = DataLoader(StatefulNoisy(), batch_size=2, num_workers=2)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    del iterator
+    with pytest.raises(ValueError, match="own state for 2 worker processes but this loader has "
+                                         "3 worker processes.* num_workers=2"):
+        DataLoader(StatefulNoisy(), batch_size=2, num_workers=3).load_state_dict(state)

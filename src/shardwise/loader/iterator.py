@@ -25,7 +25,7 @@ from shardwise.loader.datapipes import draw_shared_seed, shard_for_rank, shardin
 from shardwise.loader.device import Background, ToDevice
 from shardwise.loader.pools import Event, ProcessPool, ThreadPool, Workers, start_method_context
 from shardwise.loader.position import (PassRecord, Resume, dataset_states, new_record,
-                                       resumable_sampler, restore_randomness)
+                                       next_pass_states, resumable_sampler, restore_randomness)
 from shardwise.loader.stats import Clock
 from shardwise.loader.workers import WorkerSpec
 
@@ -49,8 +49,9 @@ class LoaderIterator(Iterator[Any]):
         self._pool = workers.pool if workers is not None else None
         self._stages: list[Any] = []
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
-        # The indices behind the batch being delivered when it raised a dataset's error.
-        self._failed_count: int | None = None
+        # The indices behind the batch being delivered when it raised a dataset's error, and the
+        # worker that loaded it (None: this process).
+        self._failed: tuple[int, int | None] | None = None
         self._closed = False
         self._begin(first=workers is None)
 
@@ -66,9 +67,13 @@ class LoaderIterator(Iterator[Any]):
                              if loader._dataset_kind == _DatasetKind.Iterable else None)
         # A Stateful dataset in this process is put back by its own state, which may hold the
         # random state it stood at: a state from within a pass is put back after the pass's own
-        # draws are replayed, one from before a pass began before them. With workers, each has
-        # its own copy, and a resume takes the other routes.
-        restored = resume.dataset_states if resume is not None and not self._num_workers else {}
+        # draws are replayed, one from before a pass began before them. Each worker process
+        # puts back its own copy's as it starts.
+        processes = self._num_workers > 0 and loader.worker_type == "process"
+        restored = resume.dataset_states if resume is not None and not processes else {}
+        self.record.worker_states = (
+            list(resume.worker_states or next_pass_states(loader, None)) if resume is not None
+            else next_pass_states(loader, loader._record if not first else None))
         within = resume is not None and resume.base_seed is not None
         if "dataset" in restored and not within:
             loader.dataset.load_state_dict(restored["dataset"])
@@ -79,18 +84,23 @@ class LoaderIterator(Iterator[Any]):
         self._fetcher = None if self._num_workers else _DatasetKind.create_fetcher(
             loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
         iterator = getattr(self._fetcher, "dataset_iter", None)
-        if "dataset_iter" in restored:
+        if "dataset_iter" in restored and iterator is not None:  # (threads restored theirs)
             iterator.load_state_dict(restored["dataset_iter"])
-        # Taken as the pass begins, then after each batch fetched here, kept when it is delivered.
-        begun = dataset_states(loader.dataset, iterator) if self._fetcher is not None else {}
+        # The dataset in this process: its states as the pass begins, then after each batch
+        # fetched here or by a thread, kept when the batch is delivered.
+        begun = {} if processes else dataset_states(
+            loader.dataset, iterator if self._fetcher else getattr(self._pool, "iterator", None))
         self.record.dataset_states = begun or None
         self._keeps_states = bool(begun)
-        self._fetched_states: deque[dict[str, Any]] = deque()
+        # Each fetched batch's worker (None: this process) and dataset states, until delivered.
+        self._fetched: deque[tuple[int | None, dict[str, Any] | None]] = deque()
         self._sent = self._received = 0
         self._tasks: dict[int, _Task] = {}
         self._active = [True] * self._num_workers
         self._in_flight = [0] * self._num_workers
-        self._cycle = itertools.cycle(range(self._num_workers))
+        # Workers take turns; a resumed pass goes on with the worker whose turn it was.
+        self._cycle = itertools.islice(itertools.cycle(range(self._num_workers)),
+                                       self.record.next_worker, None)
         for _ in range((loader.prefetch_factor or 0) * self._num_workers):
             self._dispatch()
         # Stages take the pass's batches through a weak reference: nothing here refers back to
@@ -138,7 +148,8 @@ class LoaderIterator(Iterator[Any]):
         self.record.base_seed = self._base_seed
         if self._num_workers:
             if first:
-                self._pool = self._start_pool()
+                self._pool = self._start_pool(self.record.worker_states,
+                                              restored.get("dataset_iter"))
                 if processes:  # torch draws (and drops) one more after starting them
                     draw_shared_seed(loader)
             else:
@@ -150,8 +161,10 @@ class LoaderIterator(Iterator[Any]):
         if skip and loader._dataset_kind == _DatasetKind.Map:
             for _ in itertools.islice(self._indices, skip):
                 pass  # the delivered batches' indices: nothing is loaded for them
-        elif not restored:  # a stream restored by its own state is where it was
-            self._drop = skip  # else its delivered batches are loaded again and dropped
+        elif not (restored or any(self.record.worker_states)):
+            self._drop = skip  # a stream's delivered batches are loaded again and dropped
+        if resume is not None and not self._drop and self._num_workers:  # it goes on as it was
+            self.record.next_worker = resume.next_worker % self._num_workers
         if replay:  # what a sampler draws lazily is drawn now, from the restored state
             self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
                                             self._indices)
@@ -160,17 +173,20 @@ class LoaderIterator(Iterator[Any]):
         return int(torch.empty((), dtype=torch.int64).random_(generator=self._loader.generator)
                    .item())
 
-    def _start_pool(self) -> ProcessPool | ThreadPool:
+    def _start_pool(self, states: list[dict[str, Any] | None], iterator_state: Any
+                    ) -> ProcessPool | ThreadPool:
+        """Start the workers: processes from their datasets' ``states``, threads reading a
+        stream from ``iterator_state`` (its iterator's, when it is Stateful)."""
         loader = self._loader
         init_fn = sharding_init_fn(loader.dataset, loader.worker_init_fn)
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
                           loader.drop_last, init_fn, self._num_workers, loader.prefetch_factor)
         if loader.worker_type == "thread":
-            pool: ProcessPool | ThreadPool = ThreadPool(spec)
+            pool: ProcessPool | ThreadPool = ThreadPool(spec, iterator_state)
         else:
             context = start_method_context(loader.multiprocessing_context)
             pool = ProcessPool(spec, self._base_seed, self._shared_seed, context,
-                               pin=loader._pinning)
+                               pin=loader._pinning, states=states)
         # Persistent workers live as long as the loader; others as long as this pass.
         owner = loader if loader.persistent_workers else self
         self._pool_owner = Workers(pool, self._base_seed, owner)
@@ -209,20 +225,22 @@ class LoaderIterator(Iterator[Any]):
                 # A dataset's error fails only its batch, as in torch: the pass goes on, and so
                 # does its position (a resume does not read that batch again, nor the ones after
                 # it twice). Anything else (a dead worker, a timeout, Ctrl-C) stops the workers.
-                failed, self._failed_count = self._failed_count, None
+                failed, self._failed = self._failed, None
                 if failed is None or self._source is not None:
                     self.close()
                     raise
                 if self._dropped():
                     continue  # a resumed stream's batch, passed already: its error was told then
-                self._advance(failed)
+                self._advance(*failed)
                 raise
             self.clock.waited(time.perf_counter() - asked)
-            states = self._fetched_states.popleft() if self._keeps_states else None
+            worker, states = self._fetched.popleft()
             if self._dropped():
                 continue
-            self._advance(count)
-            if states is not None:
+            self._advance(count, worker)
+            if states is not None and self.record.worker_states:
+                self.record.worker_states[worker] = states
+            elif states is not None:  # from this process: its dataset is the one
                 self.record.dataset_states = states
             self._loader._on_batch(self)
             if self._told_length is not None and self.record.batches > self._told_length:
@@ -236,10 +254,13 @@ class LoaderIterator(Iterator[Any]):
             return True
         return False
 
-    def _advance(self, count: int) -> None:
-        """Count a batch (of ``count`` indices) as past: delivered, or failed and passed over."""
+    def _advance(self, count: int, worker: int | None) -> None:
+        """Count a batch (of ``count`` indices, from ``worker``) as past: delivered, or failed
+        and passed over."""
         self.record.batches += 1
         self.record.samples += count
+        if worker is not None:
+            self.record.next_worker = (worker + 1) % self._num_workers
         if self.record.batches == 1:  # the sampler's pass has begun: note its epoch
             self.record.sampler_epoch = getattr(self._sampler, "epoch", None)
 
@@ -265,11 +286,11 @@ class LoaderIterator(Iterator[Any]):
             except StopIteration:  # an IterableDataset's end
                 raise
             except Exception:
-                self._failed_count = count
+                self._failed = (count, None)
                 raise
-            if self._keeps_states:
-                iterator = getattr(self._fetcher, "dataset_iter", None)
-                self._fetched_states.append(dataset_states(self._loader.dataset, iterator))
+            iterator = getattr(self._fetcher, "dataset_iter", None)
+            self._fetched.append((None, dataset_states(self._loader.dataset, iterator)
+                                  if self._keeps_states else None))
         else:
             batch, count = self._next_from_workers()
         if self._loader._pinning and not isinstance(self._pool, ProcessPool):
@@ -318,8 +339,9 @@ class LoaderIterator(Iterator[Any]):
         self._in_flight[task.worker] -= 1
         self._dispatch()
         if task.event.kind == "error":
-            self._failed_count = task.count
+            self._failed = (task.count, task.worker)
             task.event.payload.reraise()
+        self._fetched.append((task.worker, task.event.states))
         return task.event.payload, task.count
 
     def _dispatch(self) -> None:

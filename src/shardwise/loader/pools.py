@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data.dataloader import _DatasetKind
 
+from shardwise.loader.position import dataset_states, stateful
 from shardwise.loader.transport import SharedSlot, receive, send, unpack
 from shardwise.loader.workers import WorkerSpec, process_worker, task_failure
 
@@ -41,6 +42,7 @@ class Event:
     worker: int
     payload: Any = None  # the batch, or the worker's ExceptionWrapper
     busy: float = 0.0  # seconds the worker spent on the task
+    states: dict[str, Any] | None = None  # a Stateful dataset's, after the batch
 
 
 class WorkerDied(RuntimeError):
@@ -86,7 +88,7 @@ class ProcessPool:
     """Worker processes, each fed tasks on its own pipe and returning batches in shared memory."""
 
     def __init__(self, spec: WorkerSpec, base_seed: int, shared_seed: int | None, context: Any,
-                 pin: bool) -> None:
+                 pin: bool, states: list[dict[str, Any] | None]) -> None:
         self.num_workers, self.pin = spec.num_workers, pin
         self._pid = os.getpid()
         self.conns: list[Connection] = []
@@ -96,7 +98,8 @@ class ProcessPool:
         for worker in range(spec.num_workers):
             ours, theirs = context.Pipe(duplex=True)
             proc = context.Process(target=process_worker,
-                                   args=(theirs, spec, worker, base_seed, shared_seed),
+                                   args=(theirs, spec, worker, base_seed, shared_seed,
+                                         states[worker]),
                                    name=f"shardwise-worker-{worker}", daemon=True)
             proc.start()
             theirs.close()
@@ -144,11 +147,11 @@ class ProcessPool:
             self.slots[worker][slot_id] = SharedSlot(size, reduction.recv_handle(conn))
             return None
         if kind == "batch":
-            _, task_id, slot_id, tree, offsets, busy = message
+            _, task_id, slot_id, tree, offsets, busy, states = message
             slot = self.slots[worker][slot_id]
             batch = unpack(tree, offsets, slot, pin=self.pin)
             slot.full = False  # copied out: the worker may fill it again
-            return Event("batch", task_id, worker, batch, busy)
+            return Event("batch", task_id, worker, batch, busy, states)
         if kind == "error":
             return Event("error", message[1], worker, message[2], message[3])
         if kind == "end":
@@ -214,10 +217,13 @@ class ThreadPool:
     """Worker threads in this process: batches come back as they are, with no copy.
 
     For an ``IterableDataset`` the threads share one iterator and take their batches from it in
-    task order, so the stream is read once, in order, as with no workers at all.
+    task order, so the stream is read once, in order, as with no workers at all. A Stateful
+    dataset's states go with each batch, as they stand after it (the stream's exactly; a map
+    dataset's as the threads left it).
     """
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, iterator_state: Any = None) -> None:
+        """``iterator_state``: where a Stateful stream's iterator resumes."""
         self.num_workers = spec.num_workers
         self._pid = os.getpid()
         self.spec = spec
@@ -225,7 +231,7 @@ class ThreadPool:
         self.tasks: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(spec.num_workers)]
         self._stopping = threading.Event()
         self._epoch = 0
-        self._start_epoch()
+        self._start_epoch(iterator_state)
         self.threads = [
             threading.Thread(target=self._work, args=(worker,), daemon=True,
                              name=f"shardwise-worker-{worker}")
@@ -234,14 +240,25 @@ class ThreadPool:
         for thread in self.threads:
             thread.start()
 
-    def _start_epoch(self) -> None:
+    def _start_epoch(self, iterator_state: Any = None) -> None:
+        """A new pass: a stream's new iterator (``self.iterator``), or a map dataset's fetcher;
+        ``self.fetch(task_id, index)`` gives a batch and the dataset's states after it."""
+        self.iterator: Any = None
         if self.spec.kind == _DatasetKind.Iterable:
-            self.fetch: Callable[[int, Any], Any] = SharedStream(self.spec).fetch
-        else:
-            fetcher = _DatasetKind.create_fetcher(self.spec.kind, self.spec.dataset,
-                                                  self.spec.auto_collation,
-                                                  self.spec.collate_fn, self.spec.drop_last)
-            self.fetch = lambda task_id, index: fetcher.fetch(index)
+            stream = SharedStream(self.spec, iterator_state)
+            self.fetch: Callable[[int, Any], tuple[Any, Any]] = stream.fetch
+            self.iterator = stream.iterator
+            return
+        fetcher = _DatasetKind.create_fetcher(self.spec.kind, self.spec.dataset,
+                                              self.spec.auto_collation,
+                                              self.spec.collate_fn, self.spec.drop_last)
+        keeps_states = stateful(self.spec.dataset)
+
+        def fetch(task_id: int, index: Any) -> tuple[Any, Any]:
+            batch = fetcher.fetch(index)
+            return batch, dataset_states(self.spec.dataset, None) if keeps_states else None
+
+        self.fetch = fetch
 
     def submit(self, worker: int, task_id: int, index: Any) -> None:
         self.tasks[worker].put((task_id, index))
@@ -285,7 +302,8 @@ class ThreadPool:
                 continue
             started = time.perf_counter()
             try:
-                event = Event("batch", task_id, worker, self.fetch(task_id, index))
+                batch, states = self.fetch(task_id, index)
+                event = Event("batch", task_id, worker, batch, states=states)
             except Exception as error:  # noqa: BLE001 - re-raised by the caller
                 if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
                     event = Event("end", task_id, worker)
@@ -302,22 +320,28 @@ class SharedStream:
     own, and collates them outside the lock.
     """
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, iterator_state: Any = None) -> None:
         self.spec = spec
         self.iterator = iter(spec.dataset)
+        if iterator_state is not None:
+            self.iterator.load_state_dict(iterator_state)
+        self.keeps_states = stateful(spec.dataset) or stateful(self.iterator)
         self.ended = False
         self.turn = 0
         self.changed = threading.Condition()
 
-    def fetch(self, task_id: int, index: Any) -> Any:
+    def fetch(self, task_id: int, index: Any) -> tuple[Any, Any]:
+        """Task ``task_id``'s batch, and the stream's states right after it was taken."""
         with self.changed:
             self.changed.wait_for(lambda: self.turn == task_id)
             try:
                 items = self._take(index)
+                states = (dataset_states(self.spec.dataset, self.iterator)
+                          if self.keeps_states else None)
             finally:
                 self.turn += 1
                 self.changed.notify_all()
-        return self.spec.collate_fn(items)
+        return self.spec.collate_fn(items), states
 
     def _take(self, index: Any) -> Any:
         """The items of one batch, as torch's iterable fetcher takes them."""

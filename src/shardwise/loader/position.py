@@ -11,8 +11,11 @@ takes one of three routes, by what the loader iterates:
 - an ``IterableDataset``: the random states the pass started from, and the delivered batches
   are loaded again and dropped (by as many worker processes as the saved pass had).
 
+A Stateful dataset (or its stream's iterator) is put back by its own state instead, kept as
+each batch is delivered: one per worker process, each worker's after its last delivered batch.
+
 A state taken before a pass begins, or after one ends, is the start of the next pass (with the
-random states it will draw from): a resume then begins the next epoch whole. Nothing is
+random states it will draw from): a resume then begins the next epoch whole. Nothing else is
 recorded per step: the state is built when asked for, of plain numbers and lists.
 """
 
@@ -89,6 +92,10 @@ class PassRecord:
     finished: bool = False
     out_of_order: bool = False
     dataset_states: dict[str, Any] | None = None  # a Stateful dataset's, after the last batch
+    # With worker processes, each one's copy of a Stateful dataset: its states after the last
+    # batch it delivered (None: as it started).
+    worker_states: list[dict[str, Any] | None] = field(default_factory=list)
+    next_worker: int = 0  # the worker the next batch's task goes to (they take turns)
 
 
 def new_record(loader: Any) -> PassRecord:
@@ -124,9 +131,10 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
                                                          and record.route != "sampler"):
         # No pass yet, the sampler moved on, or the pass ended: the state is the next pass's
         # start, so a resume begins the next epoch whole (a sampler's own state says as much).
-        record = new_record(loader)
+        ended, record = record, new_record(loader)
         if not loader.num_workers:  # the dataset in this process stands where the next pass starts
             record.dataset_states = dataset_states(loader.dataset, None)
+        record.worker_states = next_pass_states(loader, ended)
     if record.out_of_order:
         warnings.warn("in_order=False delivered batches out of order: the state counts the "
                       "batches delivered, so a resume may repeat or skip a few; pass "
@@ -147,6 +155,12 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         state["streams"] = worker_streams(loader)
     if record.dataset_states:
         state["dataset_states"] = record.dataset_states
+    worker_states = (next_pass_states(loader, record) if record.finished
+                     else record.worker_states)
+    if any(worker_states):
+        state["worker_states"] = worker_states
+    if batches and not record.finished:
+        state["next_worker"] = record.next_worker
     return state
 
 
@@ -166,6 +180,15 @@ def dataset_states(dataset: Any, iterator: Any) -> dict[str, Any]:
     if iterator is not None and stateful(iterator):
         states["dataset_iter"] = copy.deepcopy(iterator.state_dict())
     return states
+
+
+def next_pass_states(loader: Any, record: PassRecord | None) -> list[dict[str, Any] | None]:
+    """The worker processes' dataset states as the next pass starts: persistent workers go on
+    with their datasets (a new pass makes a new iterator), new workers start as forked."""
+    if record is None or not loader.persistent_workers:
+        return [None] * worker_streams(loader)
+    return [{"dataset": s["dataset"]} if s and "dataset" in s else None
+            for s in record.worker_states]
 
 
 def worker_streams(loader: Any) -> int:
@@ -191,6 +214,8 @@ class Resume:
     base_seed: int | None  # None: saved before the pass began, which begins as any pass does
     drew_base_seed: bool
     dataset_states: dict[str, Any]  # a Stateful dataset's (and its iterator's) own states
+    worker_states: list[dict[str, Any] | None]  # the same, for each worker process's copy
+    next_worker: int  # the worker whose turn it is, when the resumed pass goes on as it was
 
 
 def read_state(loader: Any, state: Any) -> Resume | None:
@@ -207,22 +232,31 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     batches, drew = int(state["batches"]), bool(state["drew_base_seed"])
     seed = None if state["base_seed"] is None else int(state["base_seed"])
     datasets = dict(state.get("dataset_states") or {})
+    workers = list(state.get("worker_states") or [])
+    streams = worker_streams(loader)
+    if workers or datasets:  # a Stateful dataset's states fit only the copies they came from
+        _check_streams(len(workers), streams, "holds a Stateful dataset's own state for",
+                       "each copy resumes from its own state")
+    if route == "iterable":  # states saved before "streams" was recorded are trusted
+        _check_streams(state.get("streams", streams), streams, "was saved by a loader reading "
+                       "its IterableDataset as", "each worker process reads its own share")
+    next_worker = int(state.get("next_worker", 0))
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
-        return Resume(0, batches, {}, seed, drew, datasets)
-    if route == "iterable":
-        streams = worker_streams(loader)
-        saved = state.get("streams", streams)  # states saved before it was recorded: trusted
-        if saved != streams:
-            raise ValueError(
-                f"the state was saved by a loader reading its IterableDataset as {_streams(saved)} "
-                f"but this loader reads it as {_streams(streams)}: each worker process reads its "
-                "own share of the stream, so build the loader with "
-                + (f"num_workers={saved} worker processes" if saved
-                   else "num_workers=0 (or thread workers)"))
+        return Resume(0, batches, {}, seed, drew, datasets, workers, next_worker)
     randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
                   for name, s in state.get("randomness", {}).items()}
-    return Resume(batches, batches, randomness, seed, drew, datasets)
+    return Resume(batches, batches, randomness, seed, drew, datasets, workers, next_worker)
+
+
+def _check_streams(saved: int, streams: int, what: str, why: str) -> None:
+    """Refuse a state taken with another number of worker processes, naming both counts."""
+    if saved != streams:
+        raise ValueError(
+            f"the state {what} {_streams(saved)} but this loader has {_streams(streams)}: "
+            f"{why}, so build the loader with "
+            + (f"num_workers={saved} worker processes" if saved
+               else "num_workers=0 (or thread workers)"))
 
 
 def _streams(count: int) -> str:

@@ -29,6 +29,7 @@ from torch.utils.data.dataloader import _DatasetKind
 from torch.utils.data.dataloader import default_collate as torch_default_collate
 
 from shardwise.loader.datapipes import apply_shared_seed
+from shardwise.loader.position import dataset_states, stateful
 from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, receive, send
 
 FIRST_SLOT_BYTES = 4 * 2**20  # address space only: pages cost memory once a batch touches them
@@ -97,10 +98,11 @@ class SlotCollate:
 
 
 def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed: int,
-                   shared_seed: int | None) -> None:
+                   shared_seed: int | None, states: dict[str, Any] | None) -> None:
     """A worker process: fetch what the main process asks for until told to stop or it is gone.
 
-    ``shared_seed`` seeds a datapipe's random steps alike in every worker (``None``: no datapipe).
+    ``shared_seed`` seeds a datapipe's random steps alike in every worker (``None``: no datapipe);
+    ``states`` are a Stateful dataset's (and its iterator's) to resume from.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     torch.set_num_threads(1)
@@ -108,7 +110,7 @@ def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed
     apply_shared_seed(spec.dataset, shared_seed)
     collate_fn = SlotCollate() if spec.collate_fn is torch_default_collate else spec.collate_fn
     try:
-        _ProcessWorker(conn, spec, worker_id, collate_fn).run()
+        _ProcessWorker(conn, spec, worker_id, collate_fn, states or {}).run()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away: so does this worker
     finally:
@@ -116,7 +118,8 @@ def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed
 
 
 class _ProcessWorker:
-    def __init__(self, conn: Connection, spec: WorkerSpec, worker_id: int, collate_fn: Any) -> None:
+    def __init__(self, conn: Connection, spec: WorkerSpec, worker_id: int, collate_fn: Any,
+                 states: dict[str, Any]) -> None:
         self.conn, self.spec, self.worker_id, self.collate_fn = conn, spec, worker_id, collate_fn
         self.parent = os.getppid()
         # Made once: ``Connection.poll`` builds a new selector every call, twice a batch.
@@ -129,14 +132,23 @@ class _ProcessWorker:
         try:
             if spec.init_fn is not None:
                 spec.init_fn(worker_id)
-            self.fetcher = self._new_fetcher()
+            # As torchdata restores: the dataset, then a new iterator, then the iterator's state.
+            if "dataset" in states:
+                spec.dataset.load_state_dict(states["dataset"])
+            self._new_fetcher()
+            if "dataset_iter" in states:
+                self.fetcher.dataset_iter.load_state_dict(states["dataset_iter"])
         except Exception:  # noqa: BLE001 - reported with the first task, as torch does
             self.init_failure = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
 
-    def _new_fetcher(self) -> Any:
-        return _DatasetKind.create_fetcher(self.spec.kind, self.spec.dataset,
-                                           self.spec.auto_collation, self.collate_fn,
-                                           self.spec.drop_last)
+    def _new_fetcher(self) -> None:
+        self.fetcher = _DatasetKind.create_fetcher(self.spec.kind, self.spec.dataset,
+                                                   self.spec.auto_collation, self.collate_fn,
+                                                   self.spec.drop_last)
+        # A Stateful dataset's state goes with each batch: the main process keeps the one of the
+        # last batch it delivered, and a resume starts this worker from it.
+        self.iterator = getattr(self.fetcher, "dataset_iter", None)
+        self.keeps_states = stateful(self.spec.dataset) or stateful(self.iterator)
 
     def run(self) -> None:
         """Read every message that has come (a stop overtakes queued tasks), then fetch one."""
@@ -167,7 +179,7 @@ class _ProcessWorker:
             self.pending.clear()
             apply_shared_seed(self.spec.dataset, message[2])
             if self.init_failure is None:
-                self.fetcher = self._new_fetcher()
+                self._new_fetcher()
             send(self.conn, ("epoch", message[1]))
         return kind != "stop"
 
@@ -184,6 +196,7 @@ class _ProcessWorker:
             self.collate_fn.arena = arena
         try:
             batch = self.fetcher.fetch(index)
+            states = dataset_states(self.spec.dataset, self.iterator) if self.keeps_states else None
             tree, arrays = flatten(batch)
             offsets = pack(arrays, arena)
             if offsets is None:  # the slot is too small for this batch: a larger one replaces it
@@ -192,7 +205,8 @@ class _ProcessWorker:
                                                           2 * slot.size)))
                 offsets = pack(arrays, arena)
             del batch, arrays
-            message = ("batch", task_id, slot_id, tree, offsets, time.perf_counter() - started)
+            message = ("batch", task_id, slot_id, tree, offsets, time.perf_counter() - started,
+                       states)
             payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # may fail: here
         except Exception as error:  # noqa: BLE001 - the caller re-raises it, with this traceback
             if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
