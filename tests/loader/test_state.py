@@ -231,10 +231,13 @@ def batches(loader) -> list:
 
 
 @pytest.mark.parametrize("dataset, shuffle", [(Indexed(), True), (Stream(), False)])
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_state_saved_after_an_epoch_resumes_with_the_next_epoch_whole(dataset, shuffle, workers):
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_a_state_saved_after_an_epoch_resumes_with_the_next_epoch_whole(dataset, shuffle, workers,
+                                                                       persistent):
+    # Persistent workers draw no new seed for their next epoch: neither does its resume.
     def make():
         return DataLoader(dataset, batch_size=4, shuffle=shuffle, num_workers=workers,
+                          persistent_workers=persistent,
                           generator=torch.Generator().manual_seed(5))
 
     loader = make()
@@ -431,3 +434,88 @@ def test_a_stateful_datasets_states_resume_only_on_as_many_worker_processes():
     with pytest.raises(ValueError, match="own state for 2 worker processes but this loader has "
                                          "3 worker processes.* num_workers=2"):
         DataLoader(StatefulNoisy(), batch_size=2, num_workers=3).load_state_dict(state)
+
+
+class Shares(IterableDataset):
+    """Each worker yields its own share (of uneven sizes); its state says how far it got, and
+    resets as the share ends, so that a later load starts the next epoch (torchdata's idiom)."""
+
+    def __init__(self, sizes=(5, 12)) -> None:
+        self.sizes, self.at, self.resume = sizes, 0, None
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        self.at, self.resume = self.resume or 0, None
+        start = sum(self.sizes[:wid])
+        for value in range(start + self.at, start + self.sizes[wid]):
+            self.at += 1
+            yield value
+        self.at = 0
+
+    def state_dict(self) -> dict:
+        return {"at": self.at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume = state["at"]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("stop_after", [2, 12, None])
+def test_a_workers_stream_that_ended_stays_ended_and_its_reset_carries_on(persistent, stop_after):
+    # Worker 0's share ends after 5 items, before 12 are delivered: a resume must not read it
+    # again though its state says "start over"; after the epoch, that reset is the next one's.
+    def make():
+        return DataLoader(Shares(), batch_size=None, num_workers=2,
+                          persistent_workers=persistent)
+
+    loader = make()
+    iterator = iter(loader)
+    head = [int(x) for x in islice(iterator, stop_after)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [int(x) for x in iterator]
+    later = [int(x) for x in loader]
+    fresh = make()
+    fresh.load_state_dict(state)
+    resumed = [int(x) for x in fresh]
+    assert sorted(head + rest) == list(range(17)) and sorted(later) == list(range(17))
+    assert resumed == (later if stop_after is None else rest)
+
+
+def test_a_state_is_a_snapshot_not_a_view_of_the_pass():
+    loader = DataLoader(Shares(), batch_size=None, num_workers=2)
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    state = loader.state_dict()
+    saved = json.dumps(state)
+    list(iterator)
+    assert json.dumps(state) == saved
+
+
+class SetUpByIter(IterableDataset):
+    """Its own iterator, whose state exists only once ``__iter__`` has set it up."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, count = (0, 1) if info is None else (info.id, info.num_workers)
+        self.share = {"position": wid * 20 // count, "end": (wid + 1) * 20 // count}
+        return self
+
+    def __next__(self) -> int:
+        if self.share["position"] >= self.share["end"]:
+            raise StopIteration
+        self.share["position"] += 1
+        return self.share["position"] - 1
+
+    def state_dict(self) -> dict:
+        return {"position": self.share["position"]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.share["position"] = state["position"]  # fails before __iter__ set it up
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataset_that_is_its_own_iterator_is_put_back_only_after_its_iter(workers):
+    whole, resumed = json_interrupted(
+        lambda: DataLoader(SetUpByIter(), batch_size=3, num_workers=workers), 3)
+    assert resumed == whole

@@ -74,7 +74,7 @@ class LoaderIterator(Iterator[Any]):
         self.record.worker_states = (
             list(resume.worker_states or next_pass_states(loader, None)) if resume is not None
             else next_pass_states(loader, loader._record if not first else None))
-        within = resume is not None and resume.base_seed is not None
+        within = resume is not None and resume.resumed_batches > 0
         if "dataset" in restored and not within:
             loader.dataset.load_state_dict(restored["dataset"])
         self._open_indices(first, resume, restored)
@@ -92,11 +92,13 @@ class LoaderIterator(Iterator[Any]):
             loader.dataset, iterator if self._fetcher else getattr(self._pool, "iterator", None))
         self.record.dataset_states = begun or None
         self._keeps_states = bool(begun)
-        # Each fetched batch's worker (None: this process) and dataset states, until delivered.
-        self._fetched: deque[tuple[int | None, dict[str, Any] | None]] = deque()
+        # Each fetched batch's worker (None: this process) and dataset states, with the ends of
+        # worker streams passed over in order before it, until the batch is delivered.
+        self._fetched: deque[tuple[int | None, Any, list[Event]]] = deque()
+        self._passed_ends: list[Event] = []
         self._sent = self._received = 0
         self._tasks: dict[int, _Task] = {}
-        self._active = [True] * self._num_workers
+        self._active = [w not in self.record.ended for w in range(self._num_workers)]
         self._in_flight = [0] * self._num_workers
         # Workers take turns; a resumed pass goes on with the worker whose turn it was.
         self._cycle = itertools.islice(itertools.cycle(range(self._num_workers)),
@@ -148,7 +150,8 @@ class LoaderIterator(Iterator[Any]):
         self.record.base_seed = self._base_seed
         if self._num_workers:
             if first:
-                self._pool = self._start_pool(self.record.worker_states,
+                new_pass = resume is None or resume.resumed_batches == 0
+                self._pool = self._start_pool(self.record.worker_states, new_pass,
                                               restored.get("dataset_iter"))
                 if processes:  # torch draws (and drops) one more after starting them
                     draw_shared_seed(loader)
@@ -165,6 +168,7 @@ class LoaderIterator(Iterator[Any]):
             self._drop = skip  # a stream's delivered batches are loaded again and dropped
         if resume is not None and not self._drop and self._num_workers:  # it goes on as it was
             self.record.next_worker = resume.next_worker % self._num_workers
+            self.record.ended = [w for w in resume.ended if w < self._num_workers]
         if replay:  # what a sampler draws lazily is drawn now, from the restored state
             self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
                                             self._indices)
@@ -173,10 +177,11 @@ class LoaderIterator(Iterator[Any]):
         return int(torch.empty((), dtype=torch.int64).random_(generator=self._loader.generator)
                    .item())
 
-    def _start_pool(self, states: list[dict[str, Any] | None], iterator_state: Any
-                    ) -> ProcessPool | ThreadPool:
-        """Start the workers: processes from their datasets' ``states``, threads reading a
-        stream from ``iterator_state`` (its iterator's, when it is Stateful)."""
+    def _start_pool(self, states: list[dict[str, Any] | None], new_pass: bool,
+                    iterator_state: Any) -> ProcessPool | ThreadPool:
+        """Start the workers: processes from their datasets' ``states`` (then on a ``new_pass``,
+        or within the saved one), threads reading a stream from ``iterator_state`` (its
+        iterator's, when it is Stateful)."""
         loader = self._loader
         init_fn = sharding_init_fn(loader.dataset, loader.worker_init_fn)
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
@@ -186,7 +191,7 @@ class LoaderIterator(Iterator[Any]):
         else:
             context = start_method_context(loader.multiprocessing_context)
             pool = ProcessPool(spec, self._base_seed, self._shared_seed, context,
-                               pin=loader._pinning, states=states)
+                               pin=loader._pinning, states=states, new_pass=new_pass)
         # Persistent workers live as long as the loader; others as long as this pass.
         owner = loader if loader.persistent_workers else self
         self._pool_owner = Workers(pool, self._base_seed, owner)
@@ -216,6 +221,7 @@ class LoaderIterator(Iterator[Any]):
             try:
                 batch, count = self._next_pair() if self._source is None else next(self._source)
             except StopIteration:
+                self._note_ends(self._passed_ends)
                 self.record.finished = True
                 self._loader._on_pass_end(self)
                 if not self._loader.persistent_workers:
@@ -234,7 +240,8 @@ class LoaderIterator(Iterator[Any]):
                 self._advance(*failed)
                 raise
             self.clock.waited(time.perf_counter() - asked)
-            worker, states = self._fetched.popleft()
+            worker, states, ends = self._fetched.popleft()
+            self._note_ends(ends)
             if self._dropped():
                 continue
             self._advance(count, worker)
@@ -246,6 +253,14 @@ class LoaderIterator(Iterator[Any]):
             if self._told_length is not None and self.record.batches > self._told_length:
                 self._warn_past_length()
             return batch
+
+    def _note_ends(self, ends: list[Event]) -> None:
+        """Record the ends of worker streams that delivery has passed (and the states of their
+        datasets then: a dataset may reset itself for its next pass as its stream ends)."""
+        for end in ends:
+            self.record.ended.append(end.worker)
+            if end.states is not None:
+                self.record.worker_states[end.worker] = end.states
 
     def _dropped(self) -> bool:
         """Whether this batch is one a resumed stream already delivered (and so is dropped)."""
@@ -290,7 +305,7 @@ class LoaderIterator(Iterator[Any]):
                 raise
             iterator = getattr(self._fetcher, "dataset_iter", None)
             self._fetched.append((None, dataset_states(self._loader.dataset, iterator)
-                                  if self._keeps_states else None))
+                                  if self._keeps_states else None, []))
         else:
             batch, count = self._next_from_workers()
         if self._loader._pinning and not isinstance(self._pool, ProcessPool):
@@ -301,7 +316,9 @@ class LoaderIterator(Iterator[Any]):
         while True:
             while self._received < self._sent:  # pass over tasks of workers whose stream ended
                 task = self._tasks.get(self._received)
-                if task is not None and (task.event is not None or self._active[task.worker]):
+                if task is not None and task.event is not None and task.event.kind == "end":
+                    self._passed_ends.append(task.event)
+                elif task is not None and (task.event is not None or self._active[task.worker]):
                     break
                 self._tasks.pop(self._received, None)
                 self._received += 1
@@ -314,7 +331,9 @@ class LoaderIterator(Iterator[Any]):
                 return self._deliver(task)
             event = self._wait()
             if event.kind == "end":
-                self._active[event.worker] = False
+                if self._active[event.worker]:  # its first (the tasks it had after end too)
+                    self._active[event.worker] = False
+                    self._tasks[event.task_id].event = event  # noted when delivery passes it
                 self._dispatch()
                 continue
             done = self._tasks[event.task_id]
@@ -341,7 +360,8 @@ class LoaderIterator(Iterator[Any]):
         if task.event.kind == "error":
             self._failed = (task.count, task.worker)
             task.event.payload.reraise()
-        self._fetched.append((task.worker, task.event.states))
+        self._fetched.append((task.worker, task.event.states, self._passed_ends))
+        self._passed_ends = []
         return task.event.payload, task.count
 
     def _dispatch(self) -> None:

@@ -88,7 +88,8 @@ class ProcessPool:
     """Worker processes, each fed tasks on its own pipe and returning batches in shared memory."""
 
     def __init__(self, spec: WorkerSpec, base_seed: int, shared_seed: int | None, context: Any,
-                 pin: bool, states: list[dict[str, Any] | None]) -> None:
+                 pin: bool, states: list[dict[str, Any] | None], new_pass: bool) -> None:
+        """``states``: each worker's dataset's to resume from, then a ``new_pass`` or not."""
         self.num_workers, self.pin = spec.num_workers, pin
         self._pid = os.getpid()
         self.conns: list[Connection] = []
@@ -99,7 +100,7 @@ class ProcessPool:
             ours, theirs = context.Pipe(duplex=True)
             proc = context.Process(target=process_worker,
                                    args=(theirs, spec, worker, base_seed, shared_seed,
-                                         states[worker]),
+                                         states[worker], new_pass),
                                    name=f"shardwise-worker-{worker}", daemon=True)
             proc.start()
             theirs.close()
@@ -155,7 +156,7 @@ class ProcessPool:
         if kind == "error":
             return Event("error", message[1], worker, message[2], message[3])
         if kind == "end":
-            return Event("end", message[1], worker)
+            return Event("end", message[1], worker, states=message[2])
         if kind == "epoch":
             return Event("epoch", message[1], worker)
         raise AssertionError(f"unexpected message {kind!r} from DataLoader worker {worker}")

@@ -84,7 +84,8 @@ class PassRecord:
     route: str  # "sampler", "replay" or "iterable": how a resume finds the place
     randomness: dict[str, torch.Tensor] = field(default_factory=dict)
     sampler_epoch: Any = None  # the resumable sampler's epoch, once the pass delivered a batch
-    base_seed: int | None = None  # the workers' base seed, once the pass has begun
+    base_seed: int | None = None  # the workers' base seed, once the pass has begun (or theirs
+    # already, for persistent workers' next pass)
     drew_base_seed: bool = False  # the pass drew the base seed (the first pass of its workers)
     resumed_batches: int = 0  # batches a resumed pass started after
     batches: int = 0  # delivered by this pass
@@ -96,6 +97,7 @@ class PassRecord:
     # batch it delivered (None: as it started).
     worker_states: list[dict[str, Any] | None] = field(default_factory=list)
     next_worker: int = 0  # the worker the next batch's task goes to (they take turns)
+    ended: list[int] = field(default_factory=list)  # workers whose stream ended, in order
 
 
 def new_record(loader: Any) -> PassRecord:
@@ -132,9 +134,11 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         # No pass yet, the sampler moved on, or the pass ended: the state is the next pass's
         # start, so a resume begins the next epoch whole (a sampler's own state says as much).
         ended, record = record, new_record(loader)
-        if not loader.num_workers:  # the dataset in this process stands where the next pass starts
+        if not worker_streams(loader):  # the dataset here stands where the next pass starts
             record.dataset_states = dataset_states(loader.dataset, None)
         record.worker_states = next_pass_states(loader, ended)
+        if loader._workers is not None and loader._workers.alive:  # they go on, drawing no seed
+            record.base_seed = loader._workers.base_seed
     if record.out_of_order:
         warnings.warn("in_order=False delivered batches out of order: the state counts the "
                       "batches delivered, so a resume may repeat or skip a few; pass "
@@ -142,10 +146,12 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     # Plain numbers and lists (and a Stateful dataset's own state), so that json can write it.
     batches = record.resumed_batches + record.batches
     # Before a pass delivers anything, its state is its start: a resume begins it anew, drawing
-    # its base seed again from the same random states (and so the same seed).
+    # its base seed again from the same random states (and so the same seed) if it drew one;
+    # persistent workers' seed, drawn by an earlier pass, is kept.
     state: dict[str, Any] = {"version": STATE_VERSION, "route": record.route,
                              "batches": batches, "finished": record.finished,
-                             "base_seed": record.base_seed if batches else None,
+                             "base_seed": (record.base_seed if batches or not record.drew_base_seed
+                                           else None),
                              "drew_base_seed": record.drew_base_seed}
     if record.route == "sampler":
         state["sampler"] = sampler.state_dict(consumed=record.samples)
@@ -153,14 +159,16 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         state["randomness"] = {name: s.tolist() for name, s in record.randomness.items()}
     if record.route == "iterable":
         state["streams"] = worker_streams(loader)
+    # Copies: the pass goes on changing its record.
     if record.dataset_states:
-        state["dataset_states"] = record.dataset_states
+        state["dataset_states"] = dict(record.dataset_states)
     worker_states = (next_pass_states(loader, record) if record.finished
-                     else record.worker_states)
+                     else list(record.worker_states))
     if any(worker_states):
         state["worker_states"] = worker_states
     if batches and not record.finished:
         state["next_worker"] = record.next_worker
+        state["ended"] = list(record.ended)
     return state
 
 
@@ -171,11 +179,14 @@ def stateful(thing: Any) -> bool:
 
 
 def dataset_states(dataset: Any, iterator: Any) -> dict[str, Any]:
-    """The own states of a Stateful dataset and of its iterator (an IterableDataset's, which may
-    be the dataset itself: its ``__iter__`` may reset what its state restores), as they stand
-    now (copies: a dataset may hand out what it goes on changing)."""
+    """The own states of a Stateful dataset and of its iterator (an IterableDataset's), as they
+    stand now (copies: a dataset may hand out what it goes on changing).
+
+    A dataset that is its own iterator is kept as the iterator only, as torchdata keeps it: its
+    state is where its stream stands, which its ``__iter__`` sets up anew.
+    """
     states = {}
-    if stateful(dataset):
+    if stateful(dataset) and not callable(getattr(dataset, "__next__", None)):
         states["dataset"] = copy.deepcopy(dataset.state_dict())
     if iterator is not None and stateful(iterator):
         states["dataset_iter"] = copy.deepcopy(iterator.state_dict())
@@ -184,11 +195,10 @@ def dataset_states(dataset: Any, iterator: Any) -> dict[str, Any]:
 
 def next_pass_states(loader: Any, record: PassRecord | None) -> list[dict[str, Any] | None]:
     """The worker processes' dataset states as the next pass starts: persistent workers go on
-    with their datasets (a new pass makes a new iterator), new workers start as forked."""
+    from where ``record`` left them (and then make a new iterator), new ones start as forked."""
     if record is None or not loader.persistent_workers:
         return [None] * worker_streams(loader)
-    return [{"dataset": s["dataset"]} if s and "dataset" in s else None
-            for s in record.worker_states]
+    return list(record.worker_states)
 
 
 def worker_streams(loader: Any) -> int:
@@ -212,10 +222,12 @@ class Resume:
     resumed_batches: int  # where the count of delivered batches starts
     randomness: dict[str, torch.Tensor]  # the interrupted pass's starting random states
     base_seed: int | None  # None: saved before the pass began, which begins as any pass does
+    # (a state from within a pass, or for persistent workers' next one, has the workers' seed)
     drew_base_seed: bool
     dataset_states: dict[str, Any]  # a Stateful dataset's (and its iterator's) own states
     worker_states: list[dict[str, Any] | None]  # the same, for each worker process's copy
     next_worker: int  # the worker whose turn it is, when the resumed pass goes on as it was
+    ended: list[int]  # the workers whose stream had ended, when it goes on as it was
 
 
 def read_state(loader: Any, state: Any) -> Resume | None:
@@ -240,13 +252,13 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     if route == "iterable":  # states saved before "streams" was recorded are trusted
         _check_streams(state.get("streams", streams), streams, "was saved by a loader reading "
                        "its IterableDataset as", "each worker process reads its own share")
-    next_worker = int(state.get("next_worker", 0))
+    turns = int(state.get("next_worker", 0)), [int(w) for w in state.get("ended", [])]
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
-        return Resume(0, batches, {}, seed, drew, datasets, workers, next_worker)
+        return Resume(0, batches, {}, seed, drew, datasets, workers, *turns)
     randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
                   for name, s in state.get("randomness", {}).items()}
-    return Resume(batches, batches, randomness, seed, drew, datasets, workers, next_worker)
+    return Resume(batches, batches, randomness, seed, drew, datasets, workers, *turns)
 
 
 def _check_streams(saved: int, streams: int, what: str, why: str) -> None:

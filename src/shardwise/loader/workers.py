@@ -98,11 +98,12 @@ class SlotCollate:
 
 
 def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed: int,
-                   shared_seed: int | None, states: dict[str, Any] | None) -> None:
+                   shared_seed: int | None, states: dict[str, Any] | None, new_pass: bool) -> None:
     """A worker process: fetch what the main process asks for until told to stop or it is gone.
 
     ``shared_seed`` seeds a datapipe's random steps alike in every worker (``None``: no datapipe);
-    ``states`` are a Stateful dataset's (and its iterator's) to resume from.
+    ``states`` are a Stateful dataset's (and its iterator's) to resume from, after which a
+    ``new_pass`` starts a new iterator, as a persistent worker does for its next epoch.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     torch.set_num_threads(1)
@@ -110,7 +111,7 @@ def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed
     apply_shared_seed(spec.dataset, shared_seed)
     collate_fn = SlotCollate() if spec.collate_fn is torch_default_collate else spec.collate_fn
     try:
-        _ProcessWorker(conn, spec, worker_id, collate_fn, states or {}).run()
+        _ProcessWorker(conn, spec, worker_id, collate_fn, states or {}, new_pass).run()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away: so does this worker
     finally:
@@ -119,7 +120,7 @@ def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed
 
 class _ProcessWorker:
     def __init__(self, conn: Connection, spec: WorkerSpec, worker_id: int, collate_fn: Any,
-                 states: dict[str, Any]) -> None:
+                 states: dict[str, Any], new_pass: bool) -> None:
         self.conn, self.spec, self.worker_id, self.collate_fn = conn, spec, worker_id, collate_fn
         self.parent = os.getppid()
         # Made once: ``Connection.poll`` builds a new selector every call, twice a batch.
@@ -138,6 +139,8 @@ class _ProcessWorker:
             self._new_fetcher()
             if "dataset_iter" in states:
                 self.fetcher.dataset_iter.load_state_dict(states["dataset_iter"])
+            if states and new_pass:  # the saved one ended: this worker goes on to the next
+                self._new_fetcher()
         except Exception:  # noqa: BLE001 - reported with the first task, as torch does
             self.init_failure = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
 
@@ -210,7 +213,9 @@ class _ProcessWorker:
             payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # may fail: here
         except Exception as error:  # noqa: BLE001 - the caller re-raises it, with this traceback
             if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
-                message = ("end", task_id)  # this worker's share of the stream is used up
+                # This worker's share of the stream is used up; its dataset may have reset.
+                message = ("end", task_id, dataset_states(self.spec.dataset, self.iterator)
+                           if self.keeps_states else None)
             else:
                 message = ("error", task_id, task_failure(self.worker_id, index),
                            time.perf_counter() - started)
