@@ -2,6 +2,7 @@
 
 import json
 import random
+import time
 from collections import Counter
 from itertools import islice
 
@@ -519,3 +520,38 @@ def test_a_dataset_that_is_its_own_iterator_is_put_back_only_after_its_iter(work
     whole, resumed = json_interrupted(
         lambda: DataLoader(SetUpByIter(), batch_size=3, num_workers=workers), 3)
     assert resumed == whole
+
+
+class SlowFirst(Dataset):
+    """Index 0 takes a while: with in_order=False the batches after it overtake it."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int) -> int:
+        if index == 0:
+            time.sleep(0.5)
+        return index
+
+
+@pytest.mark.parametrize("sampler", [False, True])
+def test_in_order_false_resumes_a_map_dataset_exactly(sampler, recwarn):
+    # Saved while batch 0 is still loading: the resume loads it, and none of the later batches
+    # delivered already.
+    def make():
+        chosen = DistributedSampler(SlowFirst(), num_replicas=1, rank=0, shuffle=False) \
+            if sampler else None
+        return DataLoader(SlowFirst(), batch_size=None, sampler=chosen, num_workers=2,
+                          in_order=False)
+
+    loader = make()
+    iterator = iter(loader)
+    head = [int(x) for x in islice(iterator, 4)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del iterator
+    fresh = make()
+    fresh.load_state_dict(state)
+    rest = [int(x) for x in fresh]
+    assert 0 not in head and 0 in rest and len(fresh) == 12
+    assert sorted(head + rest) == list(range(12))
+    assert not [w for w in recwarn if "in_order" in str(w.message)]

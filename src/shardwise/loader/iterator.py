@@ -34,6 +34,7 @@ from shardwise.loader.workers import WorkerSpec
 class _Task:
     worker: int
     count: int  # indices behind the batch
+    place: int  # the batch's place in the pass
     event: Event | None = None
 
 
@@ -49,9 +50,9 @@ class LoaderIterator(Iterator[Any]):
         self._pool = workers.pool if workers is not None else None
         self._stages: list[Any] = []
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
-        # The indices behind the batch being delivered when it raised a dataset's error, and the
-        # worker that loaded it (None: this process).
-        self._failed: tuple[int, int | None] | None = None
+        # The indices behind the batch being delivered when it raised a dataset's error, the
+        # worker that loaded it (None: this process), and its place in the pass.
+        self._failed: tuple[int, int | None, int] | None = None
         self._closed = False
         self._begin(first=workers is None)
 
@@ -74,7 +75,7 @@ class LoaderIterator(Iterator[Any]):
         self.record.worker_states = (
             list(resume.worker_states or next_pass_states(loader, None)) if resume is not None
             else next_pass_states(loader, loader._record if not first else None))
-        within = resume is not None and resume.resumed_batches > 0
+        within = resume is not None and resume.within
         if "dataset" in restored and not within:
             loader.dataset.load_state_dict(restored["dataset"])
         self._open_indices(first, resume, restored)
@@ -92,9 +93,9 @@ class LoaderIterator(Iterator[Any]):
             loader.dataset, iterator if self._fetcher else getattr(self._pool, "iterator", None))
         self.record.dataset_states = begun or None
         self._keeps_states = bool(begun)
-        # Each fetched batch's worker (None: this process) and dataset states, with the ends of
-        # worker streams passed over in order before it, until the batch is delivered.
-        self._fetched: deque[tuple[int | None, Any, list[Event]]] = deque()
+        # Each fetched batch's worker (None: this process), dataset states and place, with the
+        # ends of worker streams passed over in order before it, until the batch is delivered.
+        self._fetched: deque[tuple[int | None, Any, int, list[Event]]] = deque()
         self._passed_ends: list[Event] = []
         self._sent = self._received = 0
         self._tasks: dict[int, _Task] = {}
@@ -150,7 +151,7 @@ class LoaderIterator(Iterator[Any]):
         self.record.base_seed = self._base_seed
         if self._num_workers:
             if first:
-                new_pass = resume is None or resume.resumed_batches == 0
+                new_pass = resume is None or not resume.within
                 self._pool = self._start_pool(self.record.worker_states, new_pass,
                                               restored.get("dataset_iter"))
                 if processes:  # torch draws (and drops) one more after starting them
@@ -169,9 +170,13 @@ class LoaderIterator(Iterator[Any]):
         if resume is not None and not self._drop and self._num_workers:  # it goes on as it was
             self.record.next_worker = resume.next_worker % self._num_workers
             self.record.ended = [w for w in resume.ended if w < self._num_workers]
+        self._map = loader._dataset_kind == _DatasetKind.Map
+        if resume is not None and self._map:  # later batches delivered already are passed over
+            self.record.ahead = dict(resume.ahead)
         if replay:  # what a sampler draws lazily is drawn now, from the restored state
             self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
                                             self._indices)
+        self._indices = _placed(self._indices, set(self.record.ahead))
 
     def _draw_base_seed(self) -> int:
         return int(torch.empty((), dtype=torch.int64).random_(generator=self._loader.generator)
@@ -240,11 +245,11 @@ class LoaderIterator(Iterator[Any]):
                 self._advance(*failed)
                 raise
             self.clock.waited(time.perf_counter() - asked)
-            worker, states, ends = self._fetched.popleft()
+            worker, states, place, ends = self._fetched.popleft()
             self._note_ends(ends)
             if self._dropped():
                 continue
-            self._advance(count, worker)
+            self._advance(count, worker, place)
             if states is not None and self.record.worker_states:
                 self.record.worker_states[worker] = states
             elif states is not None:  # from this process: its dataset is the one
@@ -269,11 +274,13 @@ class LoaderIterator(Iterator[Any]):
             return True
         return False
 
-    def _advance(self, count: int, worker: int | None) -> None:
-        """Count a batch (of ``count`` indices, from ``worker``) as past: delivered, or failed
-        and passed over."""
+    def _advance(self, count: int, worker: int | None, place: int) -> None:
+        """Count a batch (of ``count`` indices, from ``worker``, at ``place`` in the pass) as
+        past: delivered, or failed and passed over."""
         self.record.batches += 1
         self.record.samples += count
+        if self._map:  # (a stream's places are not kept: it resumes by count, or by its state)
+            self.record.past(place, count)
         if worker is not None:
             self.record.next_worker = (worker + 1) % self._num_workers
         if self.record.batches == 1:  # the sampler's pass has begun: note its epoch
@@ -294,18 +301,18 @@ class LoaderIterator(Iterator[Any]):
     def _next_pair(self) -> tuple[Any, int]:
         """The next ``(batch, indices behind it)`` in delivery order; ``StopIteration`` at the end."""
         if self._fetcher is not None:  # no workers: fetch right here
-            index = next(self._indices)
+            place, index = next(self._indices)
             count = len(index) if self._auto else 1
             try:
                 batch = self._fetcher.fetch(index)
             except StopIteration:  # an IterableDataset's end
                 raise
             except Exception:
-                self._failed = (count, None)
+                self._failed = (count, None, place)
                 raise
             iterator = getattr(self._fetcher, "dataset_iter", None)
             self._fetched.append((None, dataset_states(self._loader.dataset, iterator)
-                                  if self._keeps_states else None, []))
+                                  if self._keeps_states else None, place, []))
         else:
             batch, count = self._next_from_workers()
         if self._loader._pinning and not isinstance(self._pool, ProcessPool):
@@ -358,9 +365,9 @@ class LoaderIterator(Iterator[Any]):
         self._in_flight[task.worker] -= 1
         self._dispatch()
         if task.event.kind == "error":
-            self._failed = (task.count, task.worker)
+            self._failed = (task.count, task.worker, task.place)
             task.event.payload.reraise()
-        self._fetched.append((task.worker, task.event.states, self._passed_ends))
+        self._fetched.append((task.worker, task.event.states, task.place, self._passed_ends))
         self._passed_ends = []
         return task.event.payload, task.count
 
@@ -376,11 +383,11 @@ class LoaderIterator(Iterator[Any]):
         else:
             return
         try:
-            index = next(self._indices)
+            place, index = next(self._indices)
         except StopIteration:
             return
         self._pool.submit(worker, self._sent, index)
-        self._tasks[self._sent] = _Task(worker, len(index) if self._auto else 1)
+        self._tasks[self._sent] = _Task(worker, len(index) if self._auto else 1, place)
         self._in_flight[worker] += 1
         self._sent += 1
 
@@ -396,6 +403,13 @@ class LoaderIterator(Iterator[Any]):
         self._stop_stages()
         if self._pool_owner is not None:
             self._pool_owner.close()
+
+
+def _placed(indices: Iterator[Any], passed: set[int]) -> Iterator[tuple[int, Any]]:
+    """Each batch's indices with its place in the pass, but those at a ``passed`` place."""
+    for place, index in enumerate(indices):
+        if place not in passed:
+            yield place, index
 
 
 class _Batches(Iterator[tuple[Any, int]]):

@@ -98,6 +98,19 @@ class PassRecord:
     worker_states: list[dict[str, Any] | None] = field(default_factory=list)
     next_worker: int = 0  # the worker the next batch's task goes to (they take turns)
     ended: list[int] = field(default_factory=list)  # workers whose stream ended, in order
+    # A map dataset's batches by their place in the pass (in_order=False may deliver a later one
+    # first): how many of the first are all past, their indices, and the later ones past
+    # already (place: indices), counted from where the pass (or its resume) began.
+    prefix: int = 0
+    prefix_samples: int = 0
+    ahead: dict[int, int] = field(default_factory=dict)
+
+    def past(self, place: int, count: int) -> None:
+        """Note the batch at ``place`` in the pass (of ``count`` indices) as past."""
+        self.ahead[place] = count
+        while self.prefix in self.ahead:
+            self.prefix_samples += self.ahead.pop(self.prefix)
+            self.prefix += 1
 
 
 def new_record(loader: Any) -> PassRecord:
@@ -139,12 +152,15 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         record.worker_states = next_pass_states(loader, ended)
         if loader._workers is not None and loader._workers.alive:  # they go on, drawing no seed
             record.base_seed = loader._workers.base_seed
-    if record.out_of_order:
-        warnings.warn("in_order=False delivered batches out of order: the state counts the "
-                      "batches delivered, so a resume may repeat or skip a few; pass "
-                      "in_order=True for an exact resume", stacklevel=3)
+    if record.out_of_order and record.route == "iterable":
+        warnings.warn("in_order=False delivered an IterableDataset's batches out of order: the "
+                      "state counts the batches delivered, so a resume may repeat or skip a "
+                      "few; pass in_order=True for an exact resume", stacklevel=3)
     # Plain numbers and lists (and a Stateful dataset's own state), so that json can write it.
-    batches = record.resumed_batches + record.batches
+    # A map dataset's pass resumes after its first batches that are all past, passing over the
+    # later ones delivered already.
+    batches = record.resumed_batches + (record.batches if record.route == "iterable"
+                                        else record.prefix + len(record.ahead))
     # Before a pass delivers anything, its state is its start: a resume begins it anew, drawing
     # its base seed again from the same random states (and so the same seed) if it drew one;
     # persistent workers' seed, drawn by an earlier pass, is kept.
@@ -154,9 +170,12 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
                                            else None),
                              "drew_base_seed": record.drew_base_seed}
     if record.route == "sampler":
-        state["sampler"] = sampler.state_dict(consumed=record.samples)
+        state["sampler"] = sampler.state_dict(consumed=record.prefix_samples)
     else:
         state["randomness"] = {name: s.tolist() for name, s in record.randomness.items()}
+    if record.ahead:
+        state["ahead"] = [[place - record.prefix, count]
+                          for place, count in sorted(record.ahead.items())]
     if record.route == "iterable":
         state["streams"] = worker_streams(loader)
     # Copies: the pass goes on changing its record.
@@ -228,6 +247,12 @@ class Resume:
     worker_states: list[dict[str, Any] | None]  # the same, for each worker process's copy
     next_worker: int  # the worker whose turn it is, when the resumed pass goes on as it was
     ended: list[int]  # the workers whose stream had ended, when it goes on as it was
+    ahead: dict[int, int]  # a map dataset's later batches delivered already (place: indices)
+
+    @property
+    def within(self) -> bool:
+        """Whether the saved pass had delivered anything (else the resume begins a pass)."""
+        return self.resumed_batches > 0 or bool(self.ahead)
 
 
 def read_state(loader: Any, state: Any) -> Resume | None:
@@ -252,13 +277,15 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     if route == "iterable":  # states saved before "streams" was recorded are trusted
         _check_streams(state.get("streams", streams), streams, "was saved by a loader reading "
                        "its IterableDataset as", "each worker process reads its own share")
-    turns = int(state.get("next_worker", 0)), [int(w) for w in state.get("ended", [])]
+    turns = (int(state.get("next_worker", 0)), [int(w) for w in state.get("ended", [])],
+             {int(place): int(count) for place, count in state.get("ahead", [])})
+    before = batches - len(turns[2])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
-        return Resume(0, batches, {}, seed, drew, datasets, workers, *turns)
+        return Resume(0, before, {}, seed, drew, datasets, workers, *turns)
     randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
                   for name, s in state.get("randomness", {}).items()}
-    return Resume(batches, batches, randomness, seed, drew, datasets, workers, *turns)
+    return Resume(before, before, randomness, seed, drew, datasets, workers, *turns)
 
 
 def _check_streams(saved: int, streams: int, what: str, why: str) -> None:
