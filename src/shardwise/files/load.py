@@ -94,7 +94,8 @@ def read_records(
     cores shared among its ranks); the records and any error are the same whatever the number.
     """
     world_size, rank = resolve_world(world_size, rank)
-    threads = rank_threads() if threads is None else require_int("threads", threads, minimum=1)
+    if threads is not None:
+        require_int("threads", threads, minimum=1)
     started = time.perf_counter()
     the_plan = input_plan(paths, world_size, storage_options=storage_options)
     fmt, columns = _prepared(the_plan, fmt, columns)
@@ -103,7 +104,7 @@ def read_records(
 
 
 def _read_prepared(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, ...], rank: int,
-                   block_bytes: int, progress: Progress | None, threads: int
+                   block_bytes: int, progress: Progress | None, threads: int | None
                    ) -> tuple[np.ndarray, LoadStats]:
     """``read_records`` once the plan is made and ``fmt`` and ``columns`` are checked."""
     started = time.perf_counter()
@@ -113,7 +114,7 @@ def _read_prepared(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, 
     else:
         chunks = iter_chunks(the_plan, rank, the_plan.world_size, block_bytes=block_bytes)
         parts = ordered_map(lambda chunk: (parse_chunk(chunk, fmt), len(chunk.data)), chunks,
-                            threads)
+                            rank_threads() if threads is None else threads)
         planned = the_plan.bounds(rank)[1] - the_plan.bounds(rank)[0]
     builder = RecordBuilder(fmt.record_dtype())
     bytes_read, lines, skipped, examples, row_groups = 0, 0, 0, [], 0
@@ -227,8 +228,7 @@ def load_records(
 def _read(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, ...], rank: int,
           mirror: bool, block_bytes: int, progress: Progress | None, threads: int | None
           ) -> tuple[np.ndarray, LoadStats]:
-    records, stats = _read_prepared(the_plan, fmt, columns, rank, block_bytes, progress,
-                                    rank_threads() if threads is None else threads)
+    records, stats = _read_prepared(the_plan, fmt, columns, rank, block_bytes, progress, threads)
     if mirror:
         kept = records[records["src"] != records["dst"]]
         records = join([records, edges(kept["dst"], kept["src"], kept["weight"])])
