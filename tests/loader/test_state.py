@@ -555,3 +555,42 @@ def test_in_order_false_resumes_a_map_dataset_exactly(sampler, recwarn):
     assert 0 not in head and 0 in rest and len(fresh) == 12
     assert sorted(head + rest) == list(range(12))
     assert not [w for w in recwarn if "in_order" in str(w.message)]
+
+
+class Eager(IterableDataset):
+    """The state is the dataset's; ``__iter__`` reads it at once (its iterator is no generator)."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self):
+        return EagerIterator(self)
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+class EagerIterator:
+    def __init__(self, dataset: Eager) -> None:
+        self.dataset, self.at = dataset, dataset.position
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        if self.at >= 20:
+            self.dataset.position = 0
+            raise StopIteration
+        self.at += 1
+        self.dataset.position = self.at
+        return self.at - 1
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_datasets_state_is_put_back_before_its_iterator_is_made(threads):
+    whole, resumed = json_interrupted(
+        lambda: DataLoader(Eager(), batch_size=3, num_workers=threads, worker_type="thread"), 2)
+    assert resumed == whole

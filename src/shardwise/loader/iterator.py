@@ -68,19 +68,18 @@ class LoaderIterator(Iterator[Any]):
                              if loader._dataset_kind == _DatasetKind.Iterable else None)
         # A Stateful dataset in this process is put back by its own state, which may hold the
         # random state it stood at: a state from within a pass is put back after the pass's own
-        # draws are replayed, one from before a pass began before them. Each worker process
-        # puts back its own copy's as it starts.
+        # draws are replayed (and before thread workers make its iterator), one from before a
+        # pass began before them. Each worker process puts back its own copy's as it starts.
         processes = self._num_workers > 0 and loader.worker_type == "process"
         restored = resume.dataset_states if resume is not None and not processes else {}
         self.record.worker_states = (
             list(resume.worker_states or next_pass_states(loader, None)) if resume is not None
             else next_pass_states(loader, loader._record if not first else None))
-        within = resume is not None and resume.within
-        if "dataset" in restored and not within:
-            loader.dataset.load_state_dict(restored["dataset"])
+        self._dataset_state = restored.get("dataset")  # put back once, by _put_dataset_back
+        if resume is None or not resume.within:
+            self._put_dataset_back()
         self._open_indices(first, resume, restored)
-        if "dataset" in restored and within:
-            loader.dataset.load_state_dict(restored["dataset"])
+        self._put_dataset_back()
         self.clock = Clock(self._num_workers)
         self._fetcher = None if self._num_workers else _DatasetKind.create_fetcher(
             loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
@@ -114,6 +113,12 @@ class LoaderIterator(Iterator[Any]):
         if loader._device is not None:
             self._source = self._stage(ToDevice(self._source or _Batches(self), loader._device))
         loader._on_pass_start(self)
+
+    def _put_dataset_back(self) -> None:
+        """Load the dataset's saved state, if it has one still to load."""
+        state, self._dataset_state = self._dataset_state, None
+        if state is not None:
+            self._loader.dataset.load_state_dict(state)
 
     def _open_indices(self, first: bool, resume: Resume | None, restored: dict[str, Any]
                       ) -> None:
@@ -151,6 +156,7 @@ class LoaderIterator(Iterator[Any]):
         self.record.base_seed = self._base_seed
         if self._num_workers:
             if first:
+                self._put_dataset_back()  # before thread workers make a stream's iterator
                 new_pass = resume is None or not resume.within
                 self._pool = self._start_pool(self.record.worker_states, new_pass,
                                               restored.get("dataset_iter"))
