@@ -594,3 +594,24 @@ def test_a_datasets_state_is_put_back_before_its_iterator_is_made(threads):
     whole, resumed = json_interrupted(
         lambda: DataLoader(Eager(), batch_size=3, num_workers=threads, worker_type="thread"), 2)
     assert resumed == whole
+
+
+def test_in_order_false_on_another_rank_loads_the_early_batches_again_rather_than_lose_them():
+    def make(rank):
+        sampler = DistributedSampler(SlowFirst(), num_replicas=2, rank=rank, shuffle=False)
+        return DataLoader(SlowFirst(), batch_size=None, sampler=sampler, num_workers=2,
+                          in_order=False)
+
+    loader = make(0)
+    iterator = iter(loader)
+    head = [int(x) for x in islice(iterator, 3)]
+    state = loader.state_dict()
+    del iterator
+    assert state["ahead"]  # batch 0 is still loading: later ones came first
+    same = make(0)
+    same.load_state_dict(state)
+    assert sorted(head + [int(x) for x in same]) == list(range(0, 12, 2))
+    other = make(1)
+    with pytest.warns(UserWarning, match="saved by rank 0 of 2.* this is rank 1 of 2"):
+        other.load_state_dict(state)
+    assert sorted(int(x) for x in other) == list(range(1, 12, 2))  # all of its own: none lost

@@ -176,6 +176,8 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     if record.ahead:
         state["ahead"] = [[place - record.prefix, count]
                           for place, count in sorted(record.ahead.items())]
+        if record.route == "sampler":  # which ones is this rank's own
+            state["ahead_of"] = _rank_of(sampler)
     if record.route == "iterable":
         state["streams"] = worker_streams(loader)
     # Copies: the pass goes on changing its record.
@@ -282,10 +284,24 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     before = batches - len(turns[2])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
+        if turns[2] and state.get("ahead_of") != _rank_of(sampler):
+            saved, this = state.get("ahead_of") or [None, None], _rank_of(sampler)
+            warnings.warn(
+                f"the state was saved by rank {saved[0]} of {saved[1]}, which with "
+                f"in_order=False had delivered {len(turns[2])} later batch(es) early; this is "
+                f"rank {this[0]} of {this[1]}, whose own early ones are not known, so the "
+                "batches from the first one not delivered on are loaded again rather than lost: "
+                "resume each rank from its own state, or use in_order=True", stacklevel=3)
+            turns = (*turns[:2], {})
         return Resume(0, before, {}, seed, drew, datasets, workers, *turns)
     randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
                   for name, s in state.get("randomness", {}).items()}
     return Resume(before, before, randomness, seed, drew, datasets, workers, *turns)
+
+
+def _rank_of(sampler: Any) -> list[Any]:
+    """The rank and world size a sampler splits for (as a state records them)."""
+    return [getattr(sampler, "rank", None), getattr(sampler, "num_replicas", None)]
 
 
 def _check_streams(saved: int, streams: int, what: str, why: str) -> None:
