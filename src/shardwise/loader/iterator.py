@@ -13,7 +13,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +83,12 @@ class LoaderIterator(Iterator[Any]):
         self.clock = Clock(self._num_workers)
         self._fetcher = None if self._num_workers else _DatasetKind.create_fetcher(
             loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
-        iterator = getattr(self._fetcher, "dataset_iter", None)
-        if "dataset_iter" in restored and iterator is not None:  # (threads restored theirs)
-            iterator.load_state_dict(restored["dataset_iter"])
+        iterator = self._iterator = getattr(self._fetcher, "dataset_iter", None)
+        if self._fetcher is not None:  # (threads restored theirs)
+            if "dataset_iter" in restored:
+                iterator.load_state_dict(restored["dataset_iter"])
+            if restored.get("ended"):  # its stream ended with its last batch
+                self._fetcher.ended = True
         # The dataset in this process: its states as the pass begins, then after each batch
         # fetched here or by a thread, kept when the batch is delivered.
         begun = {} if processes else dataset_states(
@@ -94,7 +97,7 @@ class LoaderIterator(Iterator[Any]):
         self._keeps_states = bool(begun)
         # Each fetched batch's worker (None: this process), dataset states and place, with the
         # ends of worker streams passed over in order before it, until the batch is delivered.
-        self._fetched: deque[tuple[int | None, Any, int, list[Event]]] = deque()
+        self._fetched: deque[tuple[int | None, Any, int, Sequence[Event]]] = deque()
         self._passed_ends: list[Event] = []
         self._sent = self._received = 0
         self._tasks: dict[int, _Task] = {}
@@ -126,8 +129,9 @@ class LoaderIterator(Iterator[Any]):
 
         torch's order: a datapipe's shared seed, an iterator, the base seed, the workers, a second
         iterator and, with worker processes, a second shared seed. A resume replays the
-        interrupted pass's draws from its saved random states, skips the indices of
-        the batches already delivered, and seeds new workers with the saved base seed.
+        interrupted pass's draws from its saved random states, skips the indices of the first
+        batches all delivered (and passes over later ones delivered early), and seeds new workers
+        with the saved base seed.
         """
         loader = self._loader
         replay = resume is not None and bool(resume.randomness)
@@ -156,10 +160,10 @@ class LoaderIterator(Iterator[Any]):
         self.record.base_seed = self._base_seed
         if self._num_workers:
             if first:
-                self._put_dataset_back()  # before thread workers make a stream's iterator
+                if loader._dataset_kind == _DatasetKind.Iterable:
+                    self._put_dataset_back()  # before thread workers make the stream's iterator
                 new_pass = resume is None or not resume.within
-                self._pool = self._start_pool(self.record.worker_states, new_pass,
-                                              restored.get("dataset_iter"))
+                self._pool = self._start_pool(self.record.worker_states, new_pass, restored)
                 if processes:  # torch draws (and drops) one more after starting them
                     draw_shared_seed(loader)
             else:
@@ -182,23 +186,25 @@ class LoaderIterator(Iterator[Any]):
         if replay:  # what a sampler draws lazily is drawn now, from the restored state
             self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
                                             self._indices)
-        self._indices = _placed(self._indices, set(self.record.ahead))
+        if self.record.ahead:
+            self._indices = _placed(self._indices, set(self.record.ahead))
+        else:
+            self._indices = enumerate(self._indices)
 
     def _draw_base_seed(self) -> int:
         return int(torch.empty((), dtype=torch.int64).random_(generator=self._loader.generator)
                    .item())
 
     def _start_pool(self, states: list[dict[str, Any] | None], new_pass: bool,
-                    iterator_state: Any) -> ProcessPool | ThreadPool:
+                    stream_states: dict[str, Any]) -> ProcessPool | ThreadPool:
         """Start the workers: processes from their datasets' ``states`` (then on a ``new_pass``,
-        or within the saved one), threads reading a stream from ``iterator_state`` (its
-        iterator's, when it is Stateful)."""
+        or within the saved one), threads reading a stream from its ``stream_states``."""
         loader = self._loader
         init_fn = sharding_init_fn(loader.dataset, loader.worker_init_fn)
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
                           loader.drop_last, init_fn, self._num_workers, loader.prefetch_factor)
         if loader.worker_type == "thread":
-            pool: ProcessPool | ThreadPool = ThreadPool(spec, iterator_state)
+            pool: ProcessPool | ThreadPool = ThreadPool(spec, stream_states)
         else:
             context = start_method_context(loader.multiprocessing_context)
             pool = ProcessPool(spec, self._base_seed, self._shared_seed, context,
@@ -258,6 +264,8 @@ class LoaderIterator(Iterator[Any]):
             self._advance(count, worker, place)
             if states is not None and self.record.worker_states:
                 self.record.worker_states[worker] = states
+                if states.get("ended"):  # a short last batch ended its stream
+                    self._note_ends([Event("end", -1, worker)])
             elif states is not None:  # from this process: its dataset is the one
                 self.record.dataset_states = states
             self._loader._on_batch(self)
@@ -265,11 +273,12 @@ class LoaderIterator(Iterator[Any]):
                 self._warn_past_length()
             return batch
 
-    def _note_ends(self, ends: list[Event]) -> None:
+    def _note_ends(self, ends: Sequence[Event]) -> None:
         """Record the ends of worker streams that delivery has passed (and the states of their
         datasets then: a dataset may reset itself for its next pass as its stream ends)."""
         for end in ends:
-            self.record.ended.append(end.worker)
+            if end.worker not in self.record.ended:
+                self.record.ended.append(end.worker)
             if end.states is not None:
                 self.record.worker_states[end.worker] = end.states
 
@@ -316,9 +325,9 @@ class LoaderIterator(Iterator[Any]):
             except Exception:
                 self._failed = (count, None, place)
                 raise
-            iterator = getattr(self._fetcher, "dataset_iter", None)
-            self._fetched.append((None, dataset_states(self._loader.dataset, iterator)
-                                  if self._keeps_states else None, place, []))
+            self._fetched.append((None, dataset_states(
+                self._loader.dataset, self._iterator, ended=getattr(self._fetcher, "ended", False))
+                if self._keeps_states else None, place, _NO_ENDS))
         else:
             batch, count = self._next_from_workers()
         if self._loader._pinning and not isinstance(self._pool, ProcessPool):
@@ -373,8 +382,8 @@ class LoaderIterator(Iterator[Any]):
         if task.event.kind == "error":
             self._failed = (task.count, task.worker, task.place)
             task.event.payload.reraise()
-        self._fetched.append((task.worker, task.event.states, task.place, self._passed_ends))
-        self._passed_ends = []
+        ends, self._passed_ends = self._passed_ends, []
+        self._fetched.append((task.worker, task.event.states, task.place, ends))
         return task.event.payload, task.count
 
     def _dispatch(self) -> None:
@@ -409,6 +418,9 @@ class LoaderIterator(Iterator[Any]):
         self._stop_stages()
         if self._pool_owner is not None:
             self._pool_owner.close()
+
+
+_NO_ENDS: tuple[Event, ...] = ()  # what most batches have passed over
 
 
 def _placed(indices: Iterator[Any], passed: set[int]) -> Iterator[tuple[int, Any]]:

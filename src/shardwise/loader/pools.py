@@ -223,8 +223,9 @@ class ThreadPool:
     dataset's as the threads left it).
     """
 
-    def __init__(self, spec: WorkerSpec, iterator_state: Any = None) -> None:
-        """``iterator_state``: where a Stateful stream's iterator resumes."""
+    def __init__(self, spec: WorkerSpec, stream_states: dict[str, Any] | None = None) -> None:
+        """``stream_states``: where a Stateful stream resumes (its iterator's state, and
+        whether it had ended)."""
         self.num_workers = spec.num_workers
         self._pid = os.getpid()
         self.spec = spec
@@ -232,7 +233,7 @@ class ThreadPool:
         self.tasks: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(spec.num_workers)]
         self._stopping = threading.Event()
         self._epoch = 0
-        self._start_epoch(iterator_state)
+        self._start_epoch(stream_states or {})
         self.threads = [
             threading.Thread(target=self._work, args=(worker,), daemon=True,
                              name=f"shardwise-worker-{worker}")
@@ -241,12 +242,12 @@ class ThreadPool:
         for thread in self.threads:
             thread.start()
 
-    def _start_epoch(self, iterator_state: Any = None) -> None:
+    def _start_epoch(self, stream_states: dict[str, Any] | None = None) -> None:
         """A new pass: a stream's new iterator (``self.iterator``), or a map dataset's fetcher;
         ``self.fetch(task_id, index)`` gives a batch and the dataset's states after it."""
         self.iterator: Any = None
         if self.spec.kind == _DatasetKind.Iterable:
-            stream = SharedStream(self.spec, iterator_state)
+            stream = SharedStream(self.spec, stream_states or {})
             self.fetch: Callable[[int, Any], tuple[Any, Any]] = stream.fetch
             self.iterator = stream.iterator
             return
@@ -321,13 +322,13 @@ class SharedStream:
     own, and collates them outside the lock.
     """
 
-    def __init__(self, spec: WorkerSpec, iterator_state: Any = None) -> None:
+    def __init__(self, spec: WorkerSpec, states: dict[str, Any]) -> None:
         self.spec = spec
         self.iterator = iter(spec.dataset)
-        if iterator_state is not None:
-            self.iterator.load_state_dict(iterator_state)
+        if "dataset_iter" in states:
+            self.iterator.load_state_dict(states["dataset_iter"])
         self.keeps_states = stateful(spec.dataset) or stateful(self.iterator)
-        self.ended = False
+        self.ended = bool(states.get("ended"))
         self.turn = 0
         self.changed = threading.Condition()
 
@@ -337,7 +338,7 @@ class SharedStream:
             self.changed.wait_for(lambda: self.turn == task_id)
             try:
                 items = self._take(index)
-                states = (dataset_states(self.spec.dataset, self.iterator)
+                states = (dataset_states(self.spec.dataset, self.iterator, ended=self.ended)
                           if self.keeps_states else None)
             finally:
                 self.turn += 1

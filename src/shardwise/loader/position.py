@@ -15,8 +15,9 @@ A Stateful dataset (or its stream's iterator) is put back by its own state inste
 each batch is delivered: one per worker process, each worker's after its last delivered batch.
 
 A state taken before a pass begins, or after one ends, is the start of the next pass (with the
-random states it will draw from): a resume then begins the next epoch whole. Nothing else is
-recorded per step: the state is built when asked for, of plain numbers and lists.
+random states it will draw from): a resume then begins the next epoch whole. Per step, only a
+few counters move (and a Stateful dataset's states are kept); the state is built when asked
+for, of plain numbers and lists.
 """
 
 from __future__ import annotations
@@ -107,6 +108,10 @@ class PassRecord:
 
     def past(self, place: int, count: int) -> None:
         """Note the batch at ``place`` in the pass (of ``count`` indices) as past."""
+        if place == self.prefix and not self.ahead:  # in order, as nearly always
+            self.prefix += 1
+            self.prefix_samples += count
+            return
         self.ahead[place] = count
         while self.prefix in self.ahead:
             self.prefix_samples += self.ahead.pop(self.prefix)
@@ -176,8 +181,8 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     if record.ahead:
         state["ahead"] = [[place - record.prefix, count]
                           for place, count in sorted(record.ahead.items())]
-        if record.route == "sampler":  # which ones is this rank's own
-            state["ahead_of"] = _rank_of(sampler)
+    if record.route == "sampler" and not loader.in_order:  # its places are this rank's own
+        state["ahead_of"] = _rank_of(sampler)
     if record.route == "iterable":
         state["streams"] = worker_streams(loader)
     # Copies: the pass goes on changing its record.
@@ -199,18 +204,24 @@ def stateful(thing: Any) -> bool:
         getattr(thing, "load_state_dict", None))
 
 
-def dataset_states(dataset: Any, iterator: Any) -> dict[str, Any]:
+def dataset_states(dataset: Any, iterator: Any, *, ended: bool = False, copied: bool = True
+                   ) -> dict[str, Any]:
     """The own states of a Stateful dataset and of its iterator (an IterableDataset's), as they
-    stand now (copies: a dataset may hand out what it goes on changing).
+    stand now (``copied``: a dataset may hand out what it goes on changing; a worker's are
+    pickled at once instead), and whether the stream has ``ended`` (a short last batch ends it:
+    the dataset may have reset itself already).
 
     A dataset that is its own iterator is kept as the iterator only, as torchdata keeps it: its
     state is where its stream stands, which its ``__iter__`` sets up anew.
     """
-    states = {}
+    keep = copy.deepcopy if copied else (lambda state: state)
+    states: dict[str, Any] = {}
     if stateful(dataset) and not callable(getattr(dataset, "__next__", None)):
-        states["dataset"] = copy.deepcopy(dataset.state_dict())
+        states["dataset"] = keep(dataset.state_dict())
     if iterator is not None and stateful(iterator):
-        states["dataset_iter"] = copy.deepcopy(iterator.state_dict())
+        states["dataset_iter"] = keep(iterator.state_dict())
+    if ended:
+        states["ended"] = True
     return states
 
 
@@ -284,15 +295,14 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     before = batches - len(turns[2])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
-        if turns[2] and state.get("ahead_of") != _rank_of(sampler):
-            saved, this = state.get("ahead_of") or [None, None], _rank_of(sampler)
+        saved, this = state.get("ahead_of"), _rank_of(sampler)
+        if saved is not None and saved != this:
             warnings.warn(
-                f"the state was saved by rank {saved[0]} of {saved[1]}, which with "
-                f"in_order=False had delivered {len(turns[2])} later batch(es) early; this is "
-                f"rank {this[0]} of {this[1]}, whose own early ones are not known, so the "
-                "batches from the first one not delivered on are loaded again rather than lost: "
-                "resume each rank from its own state, or use in_order=True", stacklevel=3)
-            turns = (*turns[:2], {})
+                f"the state was saved with in_order=False by rank {saved[0]} of {saved[1]}; "
+                f"this is rank {this[0]} of {this[1]}, whose batches came in another order, so "
+                "its resume may repeat or skip a few: resume each rank from its own state, or "
+                "use in_order=True", stacklevel=3)
+            turns = (*turns[:2], {})  # the other rank's early batches are not this one's
         return Resume(0, before, {}, seed, drew, datasets, workers, *turns)
     randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
                   for name, s in state.get("randomness", {}).items()}

@@ -141,6 +141,8 @@ class _ProcessWorker:
                 self.fetcher.dataset_iter.load_state_dict(states["dataset_iter"])
             if states and new_pass:  # the saved one ended: this worker goes on to the next
                 self._new_fetcher()
+            elif states.get("ended"):  # its stream ended with its last batch
+                self.fetcher.ended = True
         except Exception:  # noqa: BLE001 - reported with the first task, as torch does
             self.init_failure = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
 
@@ -197,9 +199,10 @@ class _ProcessWorker:
         arena, retired = Arena(slot), None
         if isinstance(self.collate_fn, SlotCollate):
             self.collate_fn.arena = arena
+        states = None
         try:
             batch = self.fetcher.fetch(index)
-            states = dataset_states(self.spec.dataset, self.iterator) if self.keeps_states else None
+            states = self._states()
             tree, arrays = flatten(batch)
             offsets = pack(arrays, arena)
             if offsets is None:  # the slot is too small for this batch: a larger one replaces it
@@ -214,11 +217,11 @@ class _ProcessWorker:
         except Exception as error:  # noqa: BLE001 - the caller re-raises it, with this traceback
             if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
                 # This worker's share of the stream is used up; its dataset may have reset.
-                message = ("end", task_id, dataset_states(self.spec.dataset, self.iterator)
-                           if self.keeps_states else None)
+                message = ("end", task_id, self._states())
             else:
-                message = ("error", task_id, task_failure(self.worker_id, index),
-                           time.perf_counter() - started)
+                failure = _unpicklable(states, self.worker_id) or task_failure(self.worker_id,
+                                                                                index)
+                message = ("error", task_id, failure, time.perf_counter() - started)
         finally:
             if isinstance(self.collate_fn, SlotCollate):
                 self.collate_fn.arena = None
@@ -231,6 +234,13 @@ class _ProcessWorker:
             payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         self.conn.send_bytes(payload)
 
+    def _states(self) -> dict[str, Any] | None:
+        """A Stateful dataset's states after a batch, to go with it (None: it keeps none)."""
+        if not self.keeps_states:
+            return None
+        return dataset_states(self.spec.dataset, self.iterator, copied=False,
+                              ended=getattr(self.fetcher, "ended", False))
+
     def _new_slot(self, slot_id: int, size: int) -> SharedSlot:
         """A new slot in place of ``slot_id``: its descriptor goes to the main process."""
         slot = SharedSlot(max(size, FIRST_SLOT_BYTES))
@@ -238,6 +248,20 @@ class _ProcessWorker:
         send(self.conn, ("slot", slot_id, slot.size))
         reduction.send_handle(self.conn, slot.fd, self.parent)
         return slot
+
+
+def _unpicklable(states: dict[str, Any] | None, worker_id: int) -> ExceptionWrapper | None:
+    """The error of pickling a dataset's states, when that is what failed (they go with each
+    batch, so a state that does not pickle fails every batch, and is named, not the data)."""
+    if states is None:
+        return None
+    try:
+        pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - re-raised by the caller, with this traceback
+        return ExceptionWrapper(where=f"in DataLoader worker process {worker_id} while pickling "
+                                      "its dataset's state_dict(), which goes with each batch "
+                                      "and so must pickle")
+    return None
 
 
 def _close_quietly(slot: SharedSlot) -> None:
