@@ -281,17 +281,6 @@ def test_a_state_loads_into_a_loader_with_live_persistent_workers_as_into_a_fres
     assert batches(loader) == batches(fresh)
 
 
-def test_a_stream_resumes_only_on_as_many_worker_processes():
-    loader = DataLoader(Stream(), batch_size=3, num_workers=2)
-    iterator = iter(loader)
-    next(iterator)
-    state = loader.state_dict()
-    del iterator
-    with pytest.raises(ValueError, match="as 2 worker processes but this loader has one "
-                                         "stream .* num_workers=2"):
-        DataLoader(Stream(), batch_size=3).load_state_dict(state)
-
-
 class StatefulNoisy(Noisy):
     """A Stateful dataset whose state is the RNG its draws come from (torchdata's protocol)."""
 
@@ -426,15 +415,21 @@ def test_persistent_workers_carry_their_datasets_state_into_a_resumed_epoch(stop
         assert values(fresh) == rest and batches(fresh) == later
 
 
-def test_a_stateful_datasets_states_resume_only_on_as_many_worker_processes():
-    loader = DataLoader(StatefulNoisy(), batch_size=2, num_workers=2)
+@pytest.mark.parametrize("dataset, workers, match", [
+    (Stream, 0, "as 2 worker processes but this loader has one stream .* num_workers=2"),
+    (StatefulNoisy, 3, ("own state for 2 worker processes but this loader has 3 worker "
+                        "processes.* num_workers=2")),
+])
+def test_a_state_with_worker_streams_resumes_only_on_as_many_worker_processes(dataset, workers,
+                                                                              match):
+    # A stream's shares, or a Stateful dataset's states, are each worker's own.
+    loader = DataLoader(dataset(), batch_size=2, num_workers=2)
     iterator = iter(loader)
     next(iterator)
     state = loader.state_dict()
     del iterator
-    with pytest.raises(ValueError, match="own state for 2 worker processes but this loader has "
-                                         "3 worker processes.* num_workers=2"):
-        DataLoader(StatefulNoisy(), batch_size=2, num_workers=3).load_state_dict(state)
+    with pytest.raises(ValueError, match=match):
+        DataLoader(dataset(), batch_size=2, num_workers=workers).load_state_dict(state)
 
 
 class Shares(IterableDataset):
