@@ -70,7 +70,7 @@ class LoaderIterator(Iterator[Any]):
         # random state it stood at: a state from within a pass is put back after the pass's own
         # draws are replayed (and before thread workers make its iterator), one from before a
         # pass began before them. Each worker process puts back its own copy's as it starts.
-        processes = self._num_workers > 0 and loader.worker_type == "process"
+        self._processes = processes = self._num_workers > 0 and loader.worker_type == "process"
         restored = resume.dataset_states if resume is not None and not processes else {}
         self.record.worker_states = (
             list(resume.worker_states or next_pass_states(loader, None)) if resume is not None
@@ -135,11 +135,10 @@ class LoaderIterator(Iterator[Any]):
         """
         loader = self._loader
         replay = resume is not None and bool(resume.randomness)
-        processes = self._num_workers > 0 and loader.worker_type == "process"
         if replay:  # the generators go back to where the saved pass began, and go on from there
             restore_randomness(loader, resume.randomness)
         self._shared_seed = draw_shared_seed(loader)
-        if not processes:  # one stream in this process: it keeps this rank's shard
+        if not self._processes:  # one stream in this process: it keeps this rank's shard
             shard_for_rank(loader.dataset)
         self._indices = iter(loader._index_sampler)
         if resume is None or resume.base_seed is None:  # a pass from its start
@@ -164,7 +163,7 @@ class LoaderIterator(Iterator[Any]):
                     self._put_dataset_back()  # before thread workers make the stream's iterator
                 new_pass = resume is None or not resume.within
                 self._pool = self._start_pool(self.record.worker_states, new_pass, restored)
-                if processes:  # torch draws (and drops) one more after starting them
+                if self._processes:  # torch draws (and drops) one more after starting them
                     draw_shared_seed(loader)
             else:
                 self._pool.new_epoch(self._shared_seed)
@@ -265,7 +264,7 @@ class LoaderIterator(Iterator[Any]):
             if states is not None and self.record.worker_states:
                 self.record.worker_states[worker] = states
                 if states.get("ended"):  # a short last batch ended its stream
-                    self._note_ends([Event("end", -1, worker)])
+                    self._note_end(worker, None)
             elif states is not None:  # from this process: its dataset is the one
                 self.record.dataset_states = states
             self._loader._on_batch(self)
@@ -274,13 +273,17 @@ class LoaderIterator(Iterator[Any]):
             return batch
 
     def _note_ends(self, ends: Sequence[Event]) -> None:
-        """Record the ends of worker streams that delivery has passed (and the states of their
-        datasets then: a dataset may reset itself for its next pass as its stream ends)."""
+        """Record the ends of worker streams that delivery has passed."""
         for end in ends:
-            if end.worker not in self.record.ended:
-                self.record.ended.append(end.worker)
-            if end.states is not None:
-                self.record.worker_states[end.worker] = end.states
+            self._note_end(end.worker, end.states)
+
+    def _note_end(self, worker: int, states: dict[str, Any] | None) -> None:
+        """Record that ``worker``'s stream ended (with its dataset's ``states`` then: a dataset
+        may reset itself for its next pass as its stream ends)."""
+        if worker not in self.record.ended:
+            self.record.ended.append(worker)
+        if states is not None:
+            self.record.worker_states[worker] = states
 
     def _dropped(self) -> bool:
         """Whether this batch is one a resumed stream already delivered (and so is dropped)."""
@@ -382,7 +385,9 @@ class LoaderIterator(Iterator[Any]):
         if task.event.kind == "error":
             self._failed = (task.count, task.worker, task.place)
             task.event.payload.reraise()
-        ends, self._passed_ends = self._passed_ends, []
+        ends = _NO_ENDS
+        if self._passed_ends:  # rare: a new list only when a stream's end was passed
+            ends, self._passed_ends = self._passed_ends, []
         self._fetched.append((task.worker, task.event.states, task.place, ends))
         return task.event.payload, task.count
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data.dataloader import _DatasetKind
 
-from shardwise.loader.position import dataset_states, stateful
+from shardwise.loader.position import dataset_states, keeps_states
 from shardwise.loader.transport import SharedSlot, receive, send, unpack
 from shardwise.loader.workers import WorkerSpec, process_worker, task_failure
 
@@ -254,11 +254,11 @@ class ThreadPool:
         fetcher = _DatasetKind.create_fetcher(self.spec.kind, self.spec.dataset,
                                               self.spec.auto_collation,
                                               self.spec.collate_fn, self.spec.drop_last)
-        keeps_states = stateful(self.spec.dataset)
+        keeps = keeps_states(self.spec.dataset)
 
         def fetch(task_id: int, index: Any) -> tuple[Any, Any]:
             batch = fetcher.fetch(index)
-            return batch, dataset_states(self.spec.dataset, None) if keeps_states else None
+            return batch, dataset_states(self.spec.dataset, None) if keeps else None
 
         self.fetch = fetch
 
@@ -327,7 +327,7 @@ class SharedStream:
         self.iterator = iter(spec.dataset)
         if "dataset_iter" in states:
             self.iterator.load_state_dict(states["dataset_iter"])
-        self.keeps_states = stateful(spec.dataset) or stateful(self.iterator)
+        self.keeps_states = keeps_states(spec.dataset, self.iterator)
         self.ended = bool(states.get("ended"))
         self.turn = 0
         self.changed = threading.Condition()

@@ -204,6 +204,11 @@ def stateful(thing: Any) -> bool:
         getattr(thing, "load_state_dict", None))
 
 
+def keeps_states(dataset: Any, iterator: Any = None) -> bool:
+    """Whether a dataset, or the iterator it gave, has a state of its own to keep."""
+    return stateful(dataset) or stateful(iterator)
+
+
 def dataset_states(dataset: Any, iterator: Any, *, ended: bool = False, copied: bool = True
                    ) -> dict[str, Any]:
     """The own states of a Stateful dataset and of its iterator (an IterableDataset's), as they

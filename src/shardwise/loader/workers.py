@@ -29,7 +29,7 @@ from torch.utils.data.dataloader import _DatasetKind
 from torch.utils.data.dataloader import default_collate as torch_default_collate
 
 from shardwise.loader.datapipes import apply_shared_seed
-from shardwise.loader.position import dataset_states, stateful
+from shardwise.loader.position import dataset_states, keeps_states
 from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, receive, send
 
 FIRST_SLOT_BYTES = 4 * 2**20  # address space only: pages cost memory once a batch touches them
@@ -153,7 +153,7 @@ class _ProcessWorker:
         # A Stateful dataset's state goes with each batch: the main process keeps the one of the
         # last batch it delivered, and a resume starts this worker from it.
         self.iterator = getattr(self.fetcher, "dataset_iter", None)
-        self.keeps_states = stateful(self.spec.dataset) or stateful(self.iterator)
+        self.keeps_states = keeps_states(self.spec.dataset, self.iterator)
 
     def run(self) -> None:
         """Read every message that has come (a stop overtakes queued tasks), then fetch one."""
