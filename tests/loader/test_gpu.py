@@ -1,0 +1,130 @@
+"""Batches to the GPU: pinned in a background thread, copied ahead on a side stream.
+
+Skipped where there is no GPU (CI has none); run on a GPU machine before a release.
+"""
+
+import gc
+import threading
+
+import pytest
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.data import Dataset
+
+from shardwise import DataLoader
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+    pytest.mark.timeout(120),
+]
+
+WORKERS = [{"num_workers": 0}, {"num_workers": 2},
+           {"num_workers": 2, "worker_type": "thread"}]
+
+
+class Nested(Dataset):
+    """Tensors nested in a dict, a tuple and a list, beside values that are not tensors."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> dict:
+        image = torch.arange(3 * 32 * 32, dtype=torch.float32).reshape(3, 32, 32) + index
+        return {"index": index, "name": f"item-{index}",
+                "pair": (image, torch.tensor(index % 7)), "rest": [torch.full((5,), index)]}
+
+
+class Failing(Nested):
+    def __getitem__(self, index: int) -> dict:
+        if index == 37:
+            raise ValueError("bad item 37")
+        return super().__getitem__(index)
+
+
+def plain(batch):
+    """The batch with every tensor as a list (device, pinning and dtype of storage aside)."""
+    return tree_map(lambda x: x.tolist() if isinstance(x, torch.Tensor) else x, batch)
+
+
+def tensors(batch) -> list[torch.Tensor]:
+    return [x for x in tree_leaves(batch) if isinstance(x, torch.Tensor)]
+
+
+def cpu_batches(**options) -> list:
+    return list(DataLoader(Nested(), batch_size=8, **options))
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+@pytest.mark.parametrize("pin", [False, True])
+def test_every_tensor_arrives_on_the_gpu_equal_to_the_cpu_batch(workers, pin):
+    expected = cpu_batches(shuffle=True, generator=torch.Generator().manual_seed(4), **workers)
+    batches = list(DataLoader(Nested(), batch_size=8, shuffle=True, pin_memory=pin,
+                              generator=torch.Generator().manual_seed(4), device="cuda",
+                              **workers))
+    assert all(t.is_cuda for batch in batches for t in tensors(batch))
+    assert [b["name"] for b in batches] == [b["name"] for b in expected]  # not tensors: as they are
+    assert plain(batches) == plain(expected)
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+def test_pin_memory_pins_every_tensor(workers):
+    batches = list(DataLoader(Nested(), batch_size=8, pin_memory=True, **workers))
+    assert all(t.is_pinned() for batch in batches for t in tensors(batch))
+    assert plain(batches) == plain(cpu_batches(**workers))
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+def test_the_step_may_use_and_drop_a_batch_while_the_next_is_copied(workers):
+    """The caller's stream waits for each copy, and a batch's memory is not reused for a later
+    copy while kernels queued on the caller's stream still read it."""
+    expected = sum(b["pair"][0].double().sum() for b in cpu_batches(**workers))
+    total = torch.zeros((), dtype=torch.float64, device="cuda")
+    for batch in DataLoader(Nested(), batch_size=8, pin_memory=True, device="cuda", **workers):
+        torch.cuda._sleep(2_000_000)  # a long step queued ahead of the read
+        total += batch["pair"][0].double().sum()
+        del batch
+    assert total.item() == expected.item()
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+def test_a_resume_counts_the_batches_the_step_took_not_those_copied_ahead(workers):
+    loader = DataLoader(Nested(), batch_size=8, shuffle=True, pin_memory=True, device="cuda",
+                        generator=torch.Generator().manual_seed(9), **workers)
+    taken = []
+    for batch in loader:
+        taken.append(batch["index"].tolist())
+        if len(taken) == 3:
+            state = loader.state_dict()
+            break
+    resumed = DataLoader(Nested(), batch_size=8, shuffle=True, pin_memory=True, device="cuda",
+                         generator=torch.Generator().manual_seed(9), **workers)
+    resumed.load_state_dict(state)
+    rest = [batch["index"].tolist() for batch in resumed]
+    whole = [b["index"].tolist() for b in cpu_batches(
+        shuffle=True, generator=torch.Generator().manual_seed(9), **workers)]
+    assert taken + rest == whole
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+def test_a_worker_error_reaches_the_caller_through_the_gpu_stages(workers):
+    loader = DataLoader(Failing(), batch_size=8, pin_memory=True, device="cuda", **workers)
+    with pytest.raises(ValueError, match="bad item 37") as raised:
+        list(loader)
+    if workers["num_workers"]:
+        assert "indices [32, 33, 34, 35, 36, 37, 38, 39]" in str(raised.value)
+    # the loader is whole again for the next pass
+    assert [b["index"].tolist()[0] for b in DataLoader(Nested(), batch_size=8, device="cuda",
+                                                       **workers)] == list(range(0, 64, 8))
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+def test_break_leaves_no_background_thread(workers):
+    before = set(threading.enumerate())
+    loader = DataLoader(Nested(), batch_size=8, pin_memory=True, device="cuda", **workers)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    gc.collect()
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=5)
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
