@@ -62,24 +62,35 @@ class ToDevice(Iterator[tuple[Any, int]]):
 
     When the caller takes batch ``k``, its copy was issued while the caller worked on ``k - 1``;
     the caller's stream waits only for what is still in flight, and each tensor is recorded on
-    it so the memory is not reused too early.
+    it so the memory is not reused too early. An error met while fetching ahead is raised once
+    the batch in hand is delivered: nothing is lost to it.
     """
 
     def __init__(self, source: Iterator[tuple[Any, int]], device: torch.device) -> None:
         self._source, self._device = source, device
         self._stream = torch.cuda.Stream(device)
-        self._next = self._issue()
+        # What the caller gets next: a batch copying, an error to raise, or None at the end. The
+        # first fetch waits for the first ``next``, as it does without a device.
+        self._next: tuple[Any, int] | Exception | None = None
+        self._started = False
 
-    def _issue(self) -> tuple[Any, int] | None:
+    def _issue(self) -> tuple[Any, int] | Exception | None:
         try:
             batch, count = next(self._source)
         except StopIteration:
             return None
+        except Exception as error:  # noqa: BLE001 - raised in its turn, after the batch in hand
+            return error
         with torch.cuda.stream(self._stream):
             return _to(batch, self._device), count
 
     def __next__(self) -> tuple[Any, int]:
+        if not self._started:
+            self._started, self._next = True, self._issue()
         ready = self._next
+        if isinstance(ready, Exception):
+            self._next = None
+            raise ready
         if ready is None:
             raise StopIteration
         current = torch.cuda.current_stream(self._device)
@@ -89,7 +100,7 @@ class ToDevice(Iterator[tuple[Any, int]]):
         return ready
 
     def close(self) -> None:
-        self._next = None
+        self._started, self._next = True, None
 
 
 def _to(batch: Any, device: torch.device) -> Any:

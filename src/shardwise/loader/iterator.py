@@ -15,9 +15,10 @@ import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
+from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 from torch.utils.data.dataloader import _DatasetKind
 
@@ -38,6 +39,19 @@ class _Task:
     event: Event | None = None
 
 
+@dataclass(frozen=True)
+class _Failed:
+    """A batch that its dataset failed to load. It keeps its place through the stages (pinning,
+    the copy to the GPU) and raises when delivery reaches it; the pass goes on, as in torch."""
+
+    error: BaseException | ExceptionWrapper  # raised here, or in a worker
+
+    def raise_error(self) -> NoReturn:
+        if isinstance(self.error, ExceptionWrapper):
+            self.error.reraise()
+        raise self.error
+
+
 class LoaderIterator(Iterator[Any]):
     """What ``iter(loader)`` returns: one pass, on the loader's persistent workers or its own."""
 
@@ -50,9 +64,6 @@ class LoaderIterator(Iterator[Any]):
         self._pool = workers.pool if workers is not None else None
         self._stages: list[Any] = []
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
-        # The indices behind the batch being delivered when it raised a dataset's error, the
-        # worker that loaded it (None: this process), and its place in the pass.
-        self._failed: tuple[int, int | None, int] | None = None
         self._closed = False
         self._begin(first=workers is None)
 
@@ -243,24 +254,19 @@ class LoaderIterator(Iterator[Any]):
                 if not self._loader.persistent_workers:
                     self.close()
                 raise
-            except BaseException:
-                # A dataset's error fails only its batch, as in torch: the pass goes on, and so
-                # does its position (a resume does not read that batch again, nor the ones after
-                # it twice). Anything else (a dead worker, a timeout, Ctrl-C) stops the workers.
-                failed, self._failed = self._failed, None
-                if failed is None or self._source is not None:
-                    self.close()
-                    raise
-                if self._dropped():
-                    continue  # a resumed stream's batch, passed already: its error was told then
-                self._advance(*failed)
+            except BaseException:  # a dead worker, a timeout, Ctrl-C: the workers stop
+                self.close()
                 raise
-            self.clock.waited(time.perf_counter() - asked)
             worker, states, place, ends = self._fetched.popleft()
             self._note_ends(ends)
             if self._dropped():
-                continue
+                continue  # a resumed stream's batch, passed already (its error told then too)
             self._advance(count, worker, place)
+            if isinstance(batch, _Failed):
+                # A dataset's error fails only its batch: the pass goes on, and so does its
+                # position (a resume does not read that batch again, nor the ones after it twice).
+                batch.raise_error()
+            self.clock.waited(time.perf_counter() - asked)
             if states is not None and self.record.worker_states:
                 self.record.worker_states[worker] = states
                 if states.get("ended"):  # a short last batch ended its stream
@@ -325,16 +331,17 @@ class LoaderIterator(Iterator[Any]):
                 batch = self._fetcher.fetch(index)
             except StopIteration:  # an IterableDataset's end
                 raise
-            except Exception:
-                self._failed = (count, None, place)
-                raise
+            except Exception as error:  # noqa: BLE001 - any error of the dataset's fails its batch
+                self._fetched.append((None, None, place, _NO_ENDS))
+                return _Failed(error), count
             self._fetched.append((None, dataset_states(
                 self._loader.dataset, self._iterator, ended=getattr(self._fetcher, "ended", False))
                 if self._keeps_states else None, place, _NO_ENDS))
         else:
             batch, count = self._next_from_workers()
-        if self._loader._pinning and not isinstance(self._pool, ProcessPool):
-            batch = pin_batch(batch)  # processes' batches were copied into pinned memory
+        pinned = isinstance(self._pool, ProcessPool)  # copied into pinned memory as they came
+        if self._loader._pinning and not pinned and not isinstance(batch, _Failed):
+            batch = pin_batch(batch)
         return batch, count
 
     def _next_from_workers(self) -> tuple[Any, int]:
@@ -382,12 +389,12 @@ class LoaderIterator(Iterator[Any]):
     def _deliver(self, task: _Task) -> tuple[Any, int]:
         self._in_flight[task.worker] -= 1
         self._dispatch()
-        if task.event.kind == "error":
-            self._failed = (task.count, task.worker, task.place)
-            task.event.payload.reraise()
         ends = _NO_ENDS
         if self._passed_ends:  # rare: a new list only when a stream's end was passed
             ends, self._passed_ends = self._passed_ends, []
+        if task.event.kind == "error":
+            self._fetched.append((task.worker, None, task.place, ends))
+            return _Failed(task.event.payload), task.count
         self._fetched.append((task.worker, task.event.states, task.place, ends))
         return task.event.payload, task.count
 
