@@ -267,3 +267,38 @@ def test_dropping_a_loader_stops_its_workers_with_no_garbage_collection(persiste
         assert _children() == []
     finally:
         gc.enable()
+
+
+class FreedWhere:
+    """Garbage in a cycle (only a collection frees it) that notes which process freed it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.itself = path, self
+
+    def __del__(self) -> None:
+        with open(self.path, "a") as notes:
+            notes.write(f"{os.getpid()}\n")
+
+
+class Collecting(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        gc.collect()
+        return index
+
+
+def test_forked_workers_leave_the_parents_garbage_to_the_parent(tmp_path):
+    """A CUDA tensor freed in a forked child aborts it: workers never collect what they inherit."""
+    notes = tmp_path / "freed"
+    gc.disable()
+    try:
+        FreedWhere(notes)
+        loader = DataLoader(Collecting(), batch_size=2, num_workers=2,
+                            multiprocessing_context="fork")
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    finally:
+        gc.enable()
+    gc.collect()
+    assert notes.read_text().split() == [str(os.getpid())]

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset
 
 from shardwise import DataLoader
+from tests.loader.test_failures import Collecting
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
@@ -143,3 +144,18 @@ def test_break_leaves_no_background_thread(workers):
     for thread in set(threading.enumerate()) - before:
         thread.join(timeout=5)
     assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
+
+
+@pytest.mark.parametrize("peer", [TorchLoader, DataLoader], ids=["torch", "shardwise"])
+def test_a_gpu_batch_left_in_garbage_aborts_no_forked_worker(peer):
+    """A forked worker that runs a garbage collection must not free the parent's CUDA tensors."""
+    gc.disable()
+    try:
+        loader = DataLoader(Nested(), batch_size=8, pin_memory=True, device="cuda")
+        cycle = [next(iter(loader))]
+        cycle.append(cycle)
+        del cycle
+        forked = peer(Collecting(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+        assert [b.tolist() for b in forked] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    finally:
+        gc.enable()

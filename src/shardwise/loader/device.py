@@ -60,10 +60,13 @@ class Background(Iterator[Any]):
 class ToDevice(Iterator[tuple[Any, int]]):
     """Copies each batch's tensors to a CUDA device on a side stream, one batch ahead.
 
-    When the caller takes batch ``k``, its copy was issued while the caller worked on ``k - 1``;
-    the caller's stream waits only for what is still in flight, and each tensor is recorded on
-    it so the memory is not reused too early. An error met while fetching ahead is raised once
-    the batch in hand is delivered: nothing is lost to it.
+    When the caller takes batch ``k``, batch ``k + 1`` starts copying while the caller works on
+    ``k``; the caller's stream waits only for what is still in flight. An error met while
+    fetching ahead is raised once the batch in hand is delivered: nothing is lost to it.
+
+    The copies are made in memory of the caller's stream (the side stream first waits for what
+    the caller queued), not moved there with ``record_stream``: a tensor so recorded makes a CUDA
+    call when freed, which aborts a forked worker process whose garbage collection frees it.
     """
 
     def __init__(self, source: Iterator[tuple[Any, int]], device: torch.device) -> None:
@@ -81,8 +84,8 @@ class ToDevice(Iterator[tuple[Any, int]]):
             return None
         except Exception as error:  # noqa: BLE001 - raised in its turn, after the batch in hand
             return error
-        with torch.cuda.stream(self._stream):
-            return _to(batch, self._device), count
+        self._stream.wait_stream(torch.cuda.current_stream(self._device))
+        return _copy(batch, self._device, self._stream), count
 
     def __next__(self) -> tuple[Any, int]:
         if not self._started:
@@ -93,24 +96,22 @@ class ToDevice(Iterator[tuple[Any, int]]):
             raise ready
         if ready is None:
             raise StopIteration
-        current = torch.cuda.current_stream(self._device)
-        current.wait_stream(self._stream)
-        _record(ready[0], current)
+        torch.cuda.current_stream(self._device).wait_stream(self._stream)
         self._next = self._issue()
         return ready
 
     def close(self) -> None:
+        if isinstance(self._next, tuple):  # its memory goes back to the caller's stream
+            torch.cuda.current_stream(self._device).wait_stream(self._stream)
         self._started, self._next = True, None
 
 
-def _to(batch: Any, device: torch.device) -> Any:
+def _copy(batch: Any, device: torch.device, stream: torch.cuda.Stream) -> Any:
+    """``batch`` with each tensor copied to ``device`` on ``stream``, into memory allocated on
+    the current stream."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    return map_containers(lambda item: _to(item, device), batch)
-
-
-def _record(batch: Any, stream: Any) -> None:
-    if isinstance(batch, torch.Tensor):
-        batch.record_stream(stream)
-    else:
-        map_containers(lambda item: _record(item, stream), batch)
+        copied = torch.empty_like(batch, device=device)
+        with torch.cuda.stream(stream):
+            copied.copy_(batch, non_blocking=True)
+        return copied
+    return map_containers(lambda item: _copy(item, device, stream), batch)

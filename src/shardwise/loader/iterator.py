@@ -62,7 +62,10 @@ class LoaderIterator(Iterator[Any]):
         self._sampler = resumable_sampler(loader)
         self._pool_owner: Workers | None = workers
         self._pool = workers.pool if workers is not None else None
+        # Stages run ahead, some in threads of their own: they stop when the pass is closed or
+        # dropped (a `break` leaves no thread behind).
         self._stages: list[Any] = []
+        self._stop_stages = weakref.finalize(self, _close_stages, self._stages)
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
         self._closed = False
         self._begin(first=workers is None)
@@ -229,11 +232,6 @@ class LoaderIterator(Iterator[Any]):
     def _stage(self, stage: Any) -> Any:
         self._stages.append(stage)
         return stage
-
-    def _stop_stages(self) -> None:
-        for stage in reversed(self._stages):
-            stage.close()
-        self._stages = []
 
     # -- delivery --------------------------------------------------------------------------------
 
@@ -433,6 +431,12 @@ class LoaderIterator(Iterator[Any]):
 
 
 _NO_ENDS: tuple[Event, ...] = ()  # what most batches have passed over
+
+
+def _close_stages(stages: list[Any]) -> None:
+    for stage in reversed(stages):
+        stage.close()
+    stages.clear()
 
 
 def _placed(indices: Iterator[Any], passed: set[int]) -> Iterator[tuple[int, Any]]:

@@ -8,6 +8,8 @@ GIL (NumPy, decoding, I/O), with no copies at all.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -16,7 +18,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -84,6 +86,24 @@ def start_method_context(requested: Any) -> Any:
     return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
+@contextlib.contextmanager
+def _inherited_garbage_kept(context: Any) -> Iterator[None]:
+    """While workers are forked, freeze the objects the garbage collector tracks, so that a
+    forked worker never collects what it inherited.
+
+    The parent's garbage is the parent's to free: a CUDA tensor freed in a forked child makes a
+    CUDA call there and aborts it (and collecting would copy every page it touches).
+    """
+    if context.get_start_method() != "fork":
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class ProcessPool:
     """Worker processes, each fed tasks on its own pipe and returning batches in shared memory."""
 
@@ -96,17 +116,18 @@ class ProcessPool:
         self.procs: list[Any] = []
         self.slots: list[list[SharedSlot | None]] = []
         self._epoch = 0
-        for worker in range(spec.num_workers):
-            ours, theirs = context.Pipe(duplex=True)
-            proc = context.Process(target=process_worker,
-                                   args=(theirs, spec, worker, base_seed, shared_seed,
-                                         states[worker], new_pass),
-                                   name=f"shardwise-worker-{worker}", daemon=True)
-            proc.start()
-            theirs.close()
-            self.conns.append(ours)
-            self.procs.append(proc)
-            self.slots.append([None] * spec.slots)
+        with _inherited_garbage_kept(context):
+            for worker in range(spec.num_workers):
+                ours, theirs = context.Pipe(duplex=True)
+                proc = context.Process(target=process_worker,
+                                       args=(theirs, spec, worker, base_seed, shared_seed,
+                                             states[worker], new_pass),
+                                       name=f"shardwise-worker-{worker}", daemon=True)
+                proc.start()
+                theirs.close()
+                self.conns.append(ours)
+                self.procs.append(proc)
+                self.slots.append([None] * spec.slots)
         # One poller for the pipes and the process sentinels, made once: a dead worker wakes it.
         self._poller = select.poll()
         self._pipes = {conn.fileno(): worker for worker, conn in enumerate(self.conns)}
