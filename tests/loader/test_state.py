@@ -415,6 +415,25 @@ def test_persistent_workers_carry_their_datasets_state_into_a_resumed_epoch(stop
         assert values(fresh) == rest and batches(fresh) == later
 
 
+@pytest.mark.parametrize("taken", [0, 1, 3])
+def test_persistent_workers_left_early_carry_what_they_fetched_ahead_into_the_next_epoch(taken):
+    # The first epoch is left after one batch, while each worker had fetched more: the next
+    # epoch's state holds where each worker's dataset really stands, not where delivery left it.
+    def make():
+        return DataLoader(StatefulNoisy(), batch_size=2, num_workers=2, persistent_workers=True)
+
+    torch.manual_seed(3)
+    loader = make()
+    next(iter(loader))
+    iterator = iter(loader)
+    list(islice(iterator, taken))
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = values(iterator)
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert values(fresh) == rest
+
+
 @pytest.mark.parametrize("dataset, workers, match", [
     (Stream, 0, "as 2 worker processes but this loader has one stream .* num_workers=2"),
     (StatefulNoisy, 3, ("own state for 2 worker processes but this loader has 3 worker "

@@ -179,8 +179,8 @@ class LoaderIterator(Iterator[Any]):
                 self._pool = self._start_pool(self.record.worker_states, new_pass, restored)
                 if self._processes:  # torch draws (and drops) one more after starting them
                     draw_shared_seed(loader)
-            else:
-                self._pool.new_epoch(self._shared_seed)
+            elif any(carried := self._pool.new_epoch(self._shared_seed)):
+                self.record.worker_states = carried  # batches fetched ahead of delivery too
             self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
             self._indices = iter(loader._index_sampler)
         skip = resume.skip if resume is not None else 0

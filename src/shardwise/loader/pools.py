@@ -179,22 +179,26 @@ class ProcessPool:
         if kind == "end":
             return Event("end", message[1], worker, states=message[2])
         if kind == "epoch":
-            return Event("epoch", message[1], worker)
+            return Event("epoch", message[1], worker, states=message[2])
         raise AssertionError(f"unexpected message {kind!r} from DataLoader worker {worker}")
 
-    def new_epoch(self, shared_seed: int | None) -> None:
+    def new_epoch(self, shared_seed: int | None) -> list[dict[str, Any] | None]:
         """Persistent workers: drop what is still in flight and start the dataset afresh.
 
-        ``shared_seed`` reseeds a datapipe's random steps for the new pass.
+        ``shared_seed`` reseeds a datapipe's random steps for the new pass. Returns each
+        worker's Stateful dataset's states as it starts the pass (None: it keeps none).
         """
         self._epoch += 1
         for conn in self.conns:
             send(conn, ("epoch", self._epoch, shared_seed))
+        states: list[dict[str, Any] | None] = [None] * self.num_workers
         waiting = set(range(self.num_workers))
         while waiting:
             event = self.receive(None)
             if event is not None and event.kind == "epoch" and event.task_id == self._epoch:
                 waiting.discard(event.worker)
+                states[event.worker] = event.states
+        return states
 
     def close(self) -> None:
         """Stop every worker: a moment to finish the sample at hand, then it is killed."""
@@ -292,8 +296,11 @@ class ThreadPool:
         except queue.Empty:
             return None
 
-    def new_epoch(self, shared_seed: int | None) -> None:
-        """Start the dataset afresh (a datapipe was already reseeded, in this process)."""
+    def new_epoch(self, shared_seed: int | None) -> list[dict[str, Any] | None]:
+        """Start the dataset afresh (a datapipe was already reseeded, in this process).
+
+        Returns no worker states: the threads' dataset is this process's own.
+        """
         self._epoch += 1
         for tasks in self.tasks:
             tasks.put(("epoch", self._epoch))
@@ -303,6 +310,7 @@ class ThreadPool:
             if event.kind == "epoch" and event.task_id == self._epoch:
                 waiting.discard(event.worker)
         self._start_epoch()
+        return []
 
     def close(self) -> None:
         """Stop the threads after the batch each is on (a thread cannot be interrupted)."""

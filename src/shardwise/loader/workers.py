@@ -182,10 +182,15 @@ class _ProcessWorker:
             self.pending.append((message[1], message[2]))
         elif kind == "epoch":  # persistent workers: a new pass over the dataset
             self.pending.clear()
+            # Where its dataset stands as the pass ends, with the batches it fetched that were
+            # never delivered: the new pass goes on from there, and so must a resume of it.
+            states = self._states() if self.init_failure is None else None
+            if _unpicklable(states, self.worker_id) is not None:  # its batches said so already
+                states = None
             apply_shared_seed(self.spec.dataset, message[2])
             if self.init_failure is None:
                 self._new_fetcher()
-            send(self.conn, ("epoch", message[1]))
+            send(self.conn, ("epoch", message[1], states))
         return kind != "stop"
 
     def _fetch(self, task_id: int, index: Any) -> None:
