@@ -260,17 +260,17 @@ class LoaderIterator(Iterator[Any]):
             if self._dropped():
                 continue  # a resumed stream's batch, passed already (its error told then too)
             self._advance(count, worker, place)
-            if isinstance(batch, _Failed):
-                # A dataset's error fails only its batch: the pass goes on, and so does its
-                # position (a resume does not read that batch again, nor the ones after it twice).
-                batch.raise_error()
-            self.clock.waited(time.perf_counter() - asked)
             if states is not None and self.record.worker_states:
                 self.record.worker_states[worker] = states
                 if states.get("ended"):  # a short last batch ended its stream
                     self._note_end(worker, None)
             elif states is not None:  # from this process: its dataset is the one
                 self.record.dataset_states = states
+            if isinstance(batch, _Failed):
+                # A dataset's error fails only its batch: the pass goes on, and so does its
+                # position (a resume does not read that batch again, nor the ones after it twice).
+                batch.raise_error()
+            self.clock.waited(time.perf_counter() - asked)
             self._loader._on_batch(self)
             if self._told_length is not None and self.record.batches > self._told_length:
                 self._warn_past_length()
@@ -330,11 +330,12 @@ class LoaderIterator(Iterator[Any]):
             except StopIteration:  # an IterableDataset's end
                 raise
             except Exception as error:  # noqa: BLE001 - any error of the dataset's fails its batch
-                self._fetched.append((None, None, place, _NO_ENDS))
-                return _Failed(error), count
+                batch = _Failed(error)
             self._fetched.append((None, dataset_states(
                 self._loader.dataset, self._iterator, ended=getattr(self._fetcher, "ended", False))
                 if self._keeps_states else None, place, _NO_ENDS))
+            if isinstance(batch, _Failed):
+                return batch, count
         else:
             batch, count = self._next_from_workers()
         pinned = isinstance(self._pool, ProcessPool)  # copied into pinned memory as they came
@@ -390,10 +391,9 @@ class LoaderIterator(Iterator[Any]):
         ends = _NO_ENDS
         if self._passed_ends:  # rare: a new list only when a stream's end was passed
             ends, self._passed_ends = self._passed_ends, []
-        if task.event.kind == "error":
-            self._fetched.append((task.worker, None, task.place, ends))
-            return _Failed(task.event.payload), task.count
         self._fetched.append((task.worker, task.event.states, task.place, ends))
+        if task.event.kind == "error":
+            return _Failed(task.event.payload), task.count
         return task.event.payload, task.count
 
     def _dispatch(self) -> None:

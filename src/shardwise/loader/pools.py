@@ -47,6 +47,15 @@ class Event:
     states: dict[str, Any] | None = None  # a Stateful dataset's, after the batch
 
 
+class FailedFetch(Exception):
+    """A worker thread's batch that raised (the ``__cause__``), with its dataset's states after
+    it, so that a resume does not read it again."""
+
+    def __init__(self, states: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.states = states
+
+
 class WorkerDied(RuntimeError):
     """A worker process exited while the loader still needed it."""
 
@@ -175,7 +184,7 @@ class ProcessPool:
             slot.full = False  # copied out: the worker may fill it again
             return Event("batch", task_id, worker, batch, busy, states)
         if kind == "error":
-            return Event("error", message[1], worker, message[2], message[3])
+            return Event("error", message[1], worker, message[2], message[3], message[4])
         if kind == "end":
             return Event("end", message[1], worker, states=message[2])
         if kind == "epoch":
@@ -282,7 +291,11 @@ class ThreadPool:
         keeps = keeps_states(self.spec.dataset)
 
         def fetch(task_id: int, index: Any) -> tuple[Any, Any]:
-            batch = fetcher.fetch(index)
+            try:
+                batch = fetcher.fetch(index)
+            except Exception as error:
+                raise FailedFetch(dataset_states(self.spec.dataset, None) if keeps
+                                  else None) from error
             return batch, dataset_states(self.spec.dataset, None) if keeps else None
 
         self.fetch = fetch
@@ -338,6 +351,9 @@ class ThreadPool:
             except Exception as error:  # noqa: BLE001 - re-raised by the caller
                 if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
                     event = Event("end", task_id, worker)
+                elif isinstance(error, FailedFetch):
+                    event = Event("error", task_id, worker,
+                                  task_failure(worker, index, error.__cause__), states=error.states)
                 else:
                     event = Event("error", task_id, worker, task_failure(worker, index))
             event.busy = time.perf_counter() - started
@@ -367,12 +383,25 @@ class SharedStream:
             self.changed.wait_for(lambda: self.turn == task_id)
             try:
                 items = self._take(index)
-                states = (dataset_states(self.spec.dataset, self.iterator, ended=self.ended)
-                          if self.keeps_states else None)
+            except StopIteration:
+                raise
+            except Exception as error:  # the stream went on past the items it took
+                raise FailedFetch(self._states()) from error
+            else:
+                states = self._states()
             finally:
                 self.turn += 1
                 self.changed.notify_all()
-        return self.spec.collate_fn(items), states
+        try:
+            return self.spec.collate_fn(items), states
+        except Exception as error:
+            raise FailedFetch(states) from error
+
+    def _states(self) -> dict[str, Any] | None:
+        """The stream's states as they stand (None: it keeps none)."""
+        if not self.keeps_states:
+            return None
+        return dataset_states(self.spec.dataset, self.iterator, ended=self.ended)
 
     def _take(self, index: Any) -> Any:
         """The items of one batch, as torch's iterable fetcher takes them."""

@@ -65,11 +65,14 @@ def seed_worker(spec: WorkerSpec, worker_id: int, base_seed: int) -> None:
     )
 
 
-def task_failure(worker_id: int, index: Any) -> ExceptionWrapper:
-    """The exception being handled, with where it happened: worker and indices, as the caller sees."""
+def task_failure(worker_id: int, index: Any, error: BaseException | None = None
+                 ) -> ExceptionWrapper:
+    """``error`` (else the exception being handled), with where it happened: worker and indices,
+    as the caller sees."""
     shown = index if not isinstance(index, list) or len(index) <= 16 else [*index[:16], "..."]
     where = f"in DataLoader worker process {worker_id} while loading indices {shown}"
-    return ExceptionWrapper(where=where)
+    exc_info = None if error is None else (type(error), error, error.__traceback__)
+    return ExceptionWrapper(exc_info, where=where)
 
 
 class SlotCollate:
@@ -224,9 +227,12 @@ class _ProcessWorker:
                 # This worker's share of the stream is used up; its dataset may have reset.
                 message = ("end", task_id, self._states())
             else:
-                failure = _unpicklable(states, self.worker_id) or task_failure(self.worker_id,
-                                                                                index)
-                message = ("error", task_id, failure, time.perf_counter() - started)
+                failure = _unpicklable(states, self.worker_id)
+                after = None
+                if failure is None:  # the data failed: its dataset's states go on past it
+                    failure = task_failure(self.worker_id, index)
+                    after = self._states_past_failure()
+                message = ("error", task_id, failure, time.perf_counter() - started, after)
         finally:
             if isinstance(self.collate_fn, SlotCollate):
                 self.collate_fn.arena = None
@@ -245,6 +251,15 @@ class _ProcessWorker:
             return None
         return dataset_states(self.spec.dataset, self.iterator, copied=False,
                               ended=getattr(self.fetcher, "ended", False))
+
+    def _states_past_failure(self) -> dict[str, Any] | None:
+        """A Stateful dataset's states after a batch that failed, so that a resume does not
+        read it again (None where they cannot be taken or sent: a resume reads it again)."""
+        try:
+            states = self._states()
+        except Exception:  # noqa: BLE001 - the batch's own error is the one to report
+            return None
+        return None if _unpicklable(states, self.worker_id) is not None else states
 
     def _new_slot(self, slot_id: int, size: int) -> SharedSlot:
         """A new slot in place of ``slot_id``: its descriptor goes to the main process."""
