@@ -33,6 +33,7 @@ from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.files.ids import string_ids
 from shardwise.files.ipc_footer import record_batches
+from shardwise.files.pages import plain_pages
 from shardwise.files.sources import Paths, Source, StorageOptions, expand
 from shardwise.mix import mix_ints
 
@@ -171,6 +172,7 @@ def table_plan(paths: Paths, world_size: int, *,
     return TablePlan.of(expand(paths, storage_options), world_size)
 
 
+@plain_pages()
 def read_table(
     paths: Paths | TablePlan,
     rank: int | None = None,

@@ -12,6 +12,7 @@ import numpy as np
 
 from shardwise.files.load import LoadStats, load_records
 from shardwise.files.matrix import MatrixBlock
+from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
@@ -134,6 +135,7 @@ class Graph:
         return np.unique(self.dst, return_counts=True)
 
 
+@plain_pages()
 def load_graph(
     paths: Paths | Plan | TablePlan,
     pattern: str = "fmap",

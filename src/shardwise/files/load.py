@@ -23,6 +23,7 @@ from shardwise.distributed.exchange import DEFAULT_ROUND_BYTES
 from shardwise.distributed.world import group_world, resolve_world
 from shardwise.files.agreement import plan_together
 from shardwise.files.owners import owners
+from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import (
     MAX_EXAMPLES,
     BadLine,
@@ -71,6 +72,7 @@ class LoadStats:
         return sum(self.seconds.values())
 
 
+@plain_pages()
 def read_records(
     paths: Paths | Plan | TablePlan,
     fmt: Format,
@@ -162,6 +164,7 @@ def _prepared(the_plan: Plan | TablePlan, fmt: Format, columns: Sequence[str] | 
     return fmt, columns
 
 
+@plain_pages()
 def load_records(
     paths: Paths | Plan | TablePlan,
     fmt: Format | Callable[[], Format],

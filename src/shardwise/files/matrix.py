@@ -10,6 +10,7 @@ import numpy as np
 import scipy.sparse
 
 from shardwise.files.load import LoadStats, load_records
+from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
@@ -43,6 +44,7 @@ class MatrixBlock:
         return cls(matrix, row_ids, col_ids, stats)
 
 
+@plain_pages()
 def load_matrix(
     paths: Paths | Plan | TablePlan,
     pattern: str = "fsmap",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from shardwise.files.load import LoadStats, load_records
+from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
@@ -28,6 +29,7 @@ class Vectors:
         return iter((self.ids, self.values))
 
 
+@plain_pages()
 def load_vectors(
     paths: Paths | Plan | TablePlan,
     *,
