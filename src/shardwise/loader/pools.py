@@ -96,21 +96,21 @@ def start_method_context(requested: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _inherited_garbage_kept(context: Any) -> Iterator[None]:
-    """While workers are forked, freeze the objects the garbage collector tracks, so that a
-    forked worker never collects what it inherited.
+def _collection_paused() -> Iterator[bool]:
+    """No garbage collection while workers start (yields whether it was on).
 
-    The parent's garbage is the parent's to free: a CUDA tensor freed in a forked child makes a
-    CUDA call there and aborts it (and collecting would copy every page it touches).
+    A forked worker starts with collection off, as it was here, and freezes what it inherited
+    before turning it back on: it never frees the main process's garbage (a CUDA tensor freed in
+    a forked child makes a CUDA call there and aborts it), and this process's own collections
+    go on as before.
     """
-    if context.get_start_method() != "fork":
-        yield
-        return
-    gc.freeze()
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        yield
+        yield collecting
     finally:
-        gc.unfreeze()
+        if collecting:
+            gc.enable()
 
 
 class ProcessPool:
@@ -125,12 +125,12 @@ class ProcessPool:
         self.procs: list[Any] = []
         self.slots: list[list[SharedSlot | None]] = []
         self._epoch = 0
-        with _inherited_garbage_kept(context):
+        with _collection_paused() as collecting:
             for worker in range(spec.num_workers):
                 ours, theirs = context.Pipe(duplex=True)
                 proc = context.Process(target=process_worker,
                                        args=(theirs, spec, worker, base_seed, shared_seed,
-                                             states[worker], new_pass),
+                                             states[worker], new_pass, collecting),
                                        name=f"shardwise-worker-{worker}", daemon=True)
                 proc.start()
                 theirs.close()

@@ -7,6 +7,7 @@ themselves travel through its shared-memory slots (:mod:`shardwise.loader.transp
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import random
@@ -101,13 +102,20 @@ class SlotCollate:
 
 
 def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed: int,
-                   shared_seed: int | None, states: dict[str, Any] | None, new_pass: bool) -> None:
+                   shared_seed: int | None, states: dict[str, Any] | None, new_pass: bool,
+                   collecting: bool) -> None:
     """A worker process: fetch what the main process asks for until told to stop or it is gone.
 
     ``shared_seed`` seeds a datapipe's random steps alike in every worker (``None``: no datapipe);
     ``states`` are a Stateful dataset's (and its iterator's) to resume from, after which a
     ``new_pass`` starts a new iterator, as a persistent worker does for its next epoch.
+    ``collecting``: whether the main process collects garbage (it paused to start this one).
     """
+    # What a forked worker inherited is the main process's to free: a CUDA tensor freed here
+    # would make a CUDA call and abort this process. So no collection ever looks at it.
+    gc.freeze()
+    if collecting:
+        gc.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     torch.set_num_threads(1)
     seed_worker(spec, worker_id, base_seed)
