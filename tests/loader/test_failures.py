@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset
 
 from shardwise import DataLoader, DistributedSampler
@@ -304,3 +305,19 @@ def test_forked_workers_leave_the_parents_garbage_to_the_parent(tmp_path):
         gc.enable()
     gc.collect(1)
     assert notes.read_text().split() == [str(os.getpid())]
+
+
+def _failing_init(worker_id: int) -> None:
+    raise ValueError(f"worker {worker_id} cannot start")
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_failing_worker_init_fn_is_raised_as_torch_raises_it(persistent):
+    def first_error(make) -> str:
+        with pytest.raises(ValueError) as raised:
+            next(iter(make(list(range(8)), batch_size=2, num_workers=1,
+                           worker_init_fn=_failing_init, persistent_workers=persistent)))
+        return str(raised.value).splitlines()[0]
+
+    assert first_error(DataLoader) == first_error(TorchLoader) == (
+        "Caught ValueError in DataLoader worker process 0.")

@@ -129,3 +129,16 @@ def test_ranks_whose_samplers_differ_are_stopped_at_the_first_epoch():
     assert spawn_local(_verify_on_every_rank, 2, [0, 0], timeout=100) == ["agreed"] * 2
     for message in spawn_local(_verify_on_every_rank, 2, [0, 1], timeout=100):
         assert "seed=1" in message and "seed=0" in message
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_a_new_pass_on_persistent_workers_ends_the_one_before(worker_type):
+    # torch hands out one iterator and restarts it; here the earlier pass ends, its stages
+    # stop, and it cannot take the new pass's batches from the workers.
+    loader = DataLoader(Rows(), batch_size=5, num_workers=2, persistent_workers=True,
+                        worker_type=worker_type)
+    first = iter(loader)
+    next(first)
+    assert indices(iter(loader)) == list(range(45))
+    with pytest.raises(StopIteration):
+        next(first)

@@ -4,7 +4,10 @@ Skipped where there is no GPU (CI has none); run on a GPU machine before a relea
 """
 
 import gc
+import itertools
 import threading
+import time
+import weakref
 
 import pytest
 import torch
@@ -159,3 +162,39 @@ def test_a_gpu_batch_left_in_garbage_aborts_no_forked_worker(peer):
         assert [b.tolist() for b in forked] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+def test_batches_taken_on_alternating_streams_are_safe_on_each(workers):
+    expected = sum(b["pair"][0].double().sum() for b in cpu_batches(**workers))
+    streams = [torch.cuda.current_stream(), torch.cuda.Stream()]
+    total = torch.zeros((), dtype=torch.float64, device="cuda")
+    iterator = iter(DataLoader(Nested(), batch_size=8, pin_memory=True, device="cuda", **workers))
+    for step in itertools.count():
+        with torch.cuda.stream(streams[step % 2]):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            torch.cuda._sleep(2_000_000)
+            part = batch["pair"][0].double().sum()
+            del batch
+        streams[0].wait_stream(streams[1])
+        total += part
+    assert total.item() == expected.item()
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+def test_a_pass_dropped_with_an_error_fetched_ahead_is_freed_at_once(workers):
+    before = set(threading.enumerate())
+    iterator = iter(DataLoader(Failing(), batch_size=8, pin_memory=True, device="cuda",
+                               **workers))
+    for _ in range(3):  # batch 4 fails: the stages have read past it
+        next(iterator)
+    time.sleep(0.5)
+    dropped = weakref.ref(iterator)
+    del iterator
+    assert dropped() is None  # by reference counting: no cycle through the held error
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=5)
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []

@@ -13,7 +13,9 @@ when the load returns. Where NumPy offers no switch, nothing changes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+
+from shardwise.switches import OffWhileUsed
 
 try:  # NumPy 2
     from numpy._core.multiarray import _set_madvise_hugepage
@@ -23,23 +25,21 @@ except ImportError:  # pragma: no cover - NumPy 1, or a NumPy without the switch
     except ImportError:
         _set_madvise_hugepage = None
 
-_switch: Callable[[bool], bool] | None = _set_madvise_hugepage
+_advice = None if _set_madvise_hugepage is None else OffWhileUsed(_set_madvise_hugepage)
 
 
 @contextlib.contextmanager
 def plain_pages() -> Iterator[None]:
-    """Within: NumPy allocates without huge-page advice. Also a decorator.
+    """Within: NumPy allocates without huge-page advice (loads in other threads too, until the
+    last of them returns). Also a decorator.
 
     >>> with plain_pages():
     ...     import numpy as np
     ...     int(np.ones(1 << 22).sum())
     4194304
     """
-    if _switch is None:
+    if _advice is None:
         yield
         return
-    advised = _switch(False)
-    try:
+    with _advice.off():
         yield
-    finally:
-        _switch(advised)

@@ -4,6 +4,7 @@ moves batches through shared memory instead of pickling them."""
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -117,6 +118,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self._record: PassRecord | None = None
         self._clock: Clock | None = None
         self._workers: Workers | None = None  # persistent workers, between passes
+        self._pass: weakref.ref[LoaderIterator] | None = None  # the pass on them, if still alive
         self._bar: EpochBar | None = None
         self._datapipe_group: Any = None  # the gloo group a datapipe's shared seed is sent over
 
@@ -133,7 +135,12 @@ class DataLoader(TorchDataLoader[T_co]):
         if self.num_workers and self.worker_type == "process":
             self.check_worker_number_rationality()
         kept = self._workers if self._workers is not None and self._workers.alive else None
-        return LoaderIterator(self, kept)
+        previous = self._pass() if self._pass is not None else None
+        if kept is not None and previous is not None:
+            previous.retire()  # its stages must not read the workers the new pass starts over
+        current = LoaderIterator(self, kept)
+        self._pass = weakref.ref(current) if self.persistent_workers else None
+        return current
 
     def __iter__(self) -> LoaderIterator:
         # Not torch's: it keeps the iterator to reuse persistent workers, and the iterator

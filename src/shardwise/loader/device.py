@@ -62,30 +62,33 @@ class ToDevice(Iterator[tuple[Any, int]]):
 
     When the caller takes batch ``k``, batch ``k + 1`` starts copying while the caller works on
     ``k``; the caller's stream waits only for what is still in flight. An error met while
-    fetching ahead is raised once the batch in hand is delivered: nothing is lost to it.
+    fetching or copying ahead is raised once the batch in hand is delivered: nothing is lost.
 
     The copies are made in memory of the caller's stream (the side stream first waits for what
     the caller queued), not moved there with ``record_stream``: a tensor so recorded makes a CUDA
     call when freed, which aborts a forked worker process whose garbage collection frees it.
+    Only a batch taken on another stream than the one current when it was copied is recorded.
     """
 
     def __init__(self, source: Iterator[tuple[Any, int]], device: torch.device) -> None:
         self._source, self._device = source, device
         self._stream = torch.cuda.Stream(device)
-        # What the caller gets next: a batch copying, an error to raise, or None at the end. The
-        # first fetch waits for the first ``next``, as it does without a device.
-        self._next: tuple[Any, int] | Exception | None = None
+        # What the caller gets next: a batch copying (with the stream its memory belongs to), an
+        # error to raise, or None at the end. The first fetch waits for the first ``next``, as
+        # it does without a device.
+        self._next: tuple[Any, int, torch.cuda.Stream] | Exception | None = None
         self._started = False
 
-    def _issue(self) -> tuple[Any, int] | Exception | None:
+    def _issue(self) -> tuple[Any, int, torch.cuda.Stream] | Exception | None:
         try:
             batch, count = next(self._source)
+            owner = torch.cuda.current_stream(self._device)
+            self._stream.wait_stream(owner)
+            return _copy(batch, self._device, self._stream), count, owner
         except StopIteration:
             return None
         except Exception as error:  # noqa: BLE001 - raised in its turn, after the batch in hand
-            return error
-        self._stream.wait_stream(torch.cuda.current_stream(self._device))
-        return _copy(batch, self._device, self._stream), count
+            return error.with_traceback(error.__traceback__.tb_next)  # not this frame: no cycle
 
     def __next__(self) -> tuple[Any, int]:
         if not self._started:
@@ -96,13 +99,17 @@ class ToDevice(Iterator[tuple[Any, int]]):
             raise ready
         if ready is None:
             raise StopIteration
-        torch.cuda.current_stream(self._device).wait_stream(self._stream)
+        batch, count, owner = ready
+        current = torch.cuda.current_stream(self._device)
+        current.wait_stream(self._stream)
+        if current != owner:  # its memory may not be reused before this stream is done with it
+            _record(batch, current)
         self._next = self._issue()
-        return ready
+        return batch, count
 
     def close(self) -> None:
-        if isinstance(self._next, tuple):  # its memory goes back to the caller's stream
-            torch.cuda.current_stream(self._device).wait_stream(self._stream)
+        if isinstance(self._next, tuple):  # its memory goes back to its stream once copied
+            self._next[2].wait_stream(self._stream)
         self._started, self._next = True, None
 
 
@@ -115,3 +122,10 @@ def _copy(batch: Any, device: torch.device, stream: torch.cuda.Stream) -> Any:
             copied.copy_(batch, non_blocking=True)
         return copied
     return map_containers(lambda item: _copy(item, device, stream), batch)
+
+
+def _record(batch: Any, stream: torch.cuda.Stream) -> None:
+    if isinstance(batch, torch.Tensor):
+        batch.record_stream(stream)
+    else:
+        map_containers(lambda item: _record(item, stream), batch)

@@ -324,20 +324,17 @@ class LoaderIterator(Iterator[Any]):
         """The next ``(batch, indices behind it)`` in delivery order; ``StopIteration`` at the end."""
         if self._fetcher is not None:  # no workers: fetch right here
             place, index = next(self._indices)
-            count = len(index) if self._auto else 1
-            try:
-                batch = self._fetcher.fetch(index)
-            except StopIteration:  # an IterableDataset's end
-                raise
-            except Exception as error:  # noqa: BLE001 - any error of the dataset's fails its batch
-                batch = _Failed(error)
-            self._fetched.append((None, dataset_states(
-                self._loader.dataset, self._iterator, ended=getattr(self._fetcher, "ended", False))
-                if self._keeps_states else None, place, _NO_ENDS))
-            if isinstance(batch, _Failed):
-                return batch, count
-        else:
-            batch, count = self._next_from_workers()
+            return self._fetched_here(place, index, _fetch_here(self._fetcher, index))
+        return self._pinned(*self._next_from_workers())
+
+    def _fetched_here(self, place: int, index: Any, batch: Any) -> tuple[Any, int]:
+        """Note a batch fetched in this process (or a failure in its place), and pin it."""
+        self._fetched.append((None, dataset_states(
+            self._loader.dataset, self._iterator, ended=getattr(self._fetcher, "ended", False))
+            if self._keeps_states else None, place, _NO_ENDS))
+        return self._pinned(batch, len(index) if self._auto else 1)
+
+    def _pinned(self, batch: Any, count: int) -> tuple[Any, int]:
         pinned = isinstance(self._pool, ProcessPool)  # copied into pinned memory as they came
         if self._loader._pinning and not pinned and not isinstance(batch, _Failed):
             batch = pin_batch(batch)
@@ -419,6 +416,12 @@ class LoaderIterator(Iterator[Any]):
     def __len__(self) -> int:
         return len(self._loader)
 
+    def retire(self) -> None:
+        """End this pass for a new one on the same persistent workers: ``next`` raises
+        ``StopIteration`` from here on, and its stages stop (the workers go on)."""
+        self._closed = True
+        self._stop_stages()
+
     def close(self) -> None:
         """Stop the workers now (persistent ones too: the next pass starts new ones).
 
@@ -431,6 +434,17 @@ class LoaderIterator(Iterator[Any]):
 
 
 _NO_ENDS: tuple[Event, ...] = ()  # what most batches have passed over
+
+
+def _fetch_here(fetcher: Any, index: Any) -> Any:
+    """The batch of ``index``, or its dataset's error in its place (an IterableDataset's end is
+    raised)."""
+    try:
+        return fetcher.fetch(index)
+    except StopIteration:
+        raise
+    except Exception as error:  # noqa: BLE001 - any error of the dataset's fails its batch
+        return _Failed(error)
 
 
 def _close_stages(stages: list[Any]) -> None:
@@ -456,4 +470,17 @@ class _Batches(Iterator[tuple[Any, int]]):
         source = self._source()
         if source is None:
             raise StopIteration
-        return source._next_pair()
+        if source._fetcher is None:
+            return source._next_pair()
+        # Fetched from this frame, with the pass in no local: a dataset's error keeps the frames
+        # it was raised through (and their locals), and a stage holding it must not keep the
+        # pass, and so itself, alive.
+        fetcher, (place, index) = source._fetcher, next(source._indices)
+        del source
+        return self._noted(place, index, _fetch_here(fetcher, index))
+
+    def _noted(self, place: int, index: Any, batch: Any) -> tuple[Any, int]:
+        source = self._source()
+        if source is None:
+            raise StopIteration
+        return source._fetched_here(place, index, batch)

@@ -8,7 +8,6 @@ GIL (NumPy, decoding, I/O), with no copies at all.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -18,7 +17,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -30,6 +29,7 @@ from torch.utils.data.dataloader import _DatasetKind
 from shardwise.loader.position import dataset_states, keeps_states
 from shardwise.loader.transport import SharedSlot, receive, send, unpack
 from shardwise.loader.workers import WorkerSpec, process_worker, task_failure
+from shardwise.switches import OffWhileUsed
 
 # A stopped worker gets this long to exit before it is killed: it holds nothing worth saving.
 _GRACE_SECONDS = 0.5
@@ -95,22 +95,21 @@ def start_method_context(requested: Any) -> Any:
     return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-@contextlib.contextmanager
-def _collection_paused() -> Iterator[bool]:
-    """No garbage collection while workers start (yields whether it was on).
+def _set_collection(on: bool) -> bool:
+    before = gc.isenabled()
+    if on:
+        gc.enable()
+    else:
+        gc.disable()
+    return before
 
-    A forked worker starts with collection off, as it was here, and freezes what it inherited
-    before turning it back on: it never frees the main process's garbage (a CUDA tensor freed in
-    a forked child makes a CUDA call there and aborts it), and this process's own collections
-    go on as before.
-    """
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield collecting
-    finally:
-        if collecting:
-            gc.enable()
+
+# No garbage collection while workers start (loaders in other threads may start theirs too). A
+# forked worker starts with collection off, as it was here, and freezes what it inherited before
+# turning it back on: it never frees the main process's garbage (a CUDA tensor freed in a forked
+# child makes a CUDA call there and aborts it), and this process's own collections go on as
+# before.
+_COLLECTION = OffWhileUsed(_set_collection)
 
 
 class ProcessPool:
@@ -125,7 +124,7 @@ class ProcessPool:
         self.procs: list[Any] = []
         self.slots: list[list[SharedSlot | None]] = []
         self._epoch = 0
-        with _collection_paused() as collecting:
+        with _COLLECTION.off() as collecting:
             for worker in range(spec.num_workers):
                 ours, theirs = context.Pipe(duplex=True)
                 proc = context.Process(target=process_worker,

@@ -207,7 +207,7 @@ class _ProcessWorker:
     def _fetch(self, task_id: int, index: Any) -> None:
         if self.init_failure is not None:
             failure, self.init_failure = self.init_failure, None
-            send(self.conn, ("error", task_id, failure, 0.0))
+            send(self.conn, ("error", task_id, failure, 0.0, None))
             return
         started = time.perf_counter()
         slot_id = self.sent % len(self.slots)
