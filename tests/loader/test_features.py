@@ -139,6 +139,8 @@ def test_a_new_pass_on_persistent_workers_ends_the_one_before(worker_type):
                         worker_type=worker_type)
     first = iter(loader)
     next(first)
-    assert indices(iter(loader)) == list(range(45))
+    second = iter(loader)
+    first.close()  # closing the pass before leaves the workers to the new one
+    assert indices(second) == list(range(45))
     with pytest.raises(StopIteration):
         next(first)

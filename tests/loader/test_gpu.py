@@ -5,6 +5,7 @@ Skipped where there is no GPU (CI has none); run on a GPU machine before a relea
 
 import gc
 import itertools
+import multiprocessing
 import threading
 import time
 import weakref
@@ -198,3 +199,16 @@ def test_a_pass_dropped_with_an_error_fetched_ahead_is_freed_at_once(workers):
     for thread in set(threading.enumerate()) - before:
         thread.join(timeout=5)
     assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=str)
+def test_epochs_left_one_batch_short_leave_no_workers_or_threads(workers):
+    # The stages meet the end before the caller does: what they hold of it keeps no pass alive.
+    threads = set(threading.enumerate())
+    loader = DataLoader(Nested(), batch_size=8, pin_memory=True, device="cuda", **workers)
+    for _ in range(3):
+        for _, _ in zip(range(len(loader) - 1), loader):
+            pass
+        time.sleep(0.3)
+    assert multiprocessing.active_children() == []
+    assert [t.name for t in set(threading.enumerate()) - threads if t.is_alive()] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,8 +34,10 @@ class Background(Iterator[Any]):
         while True:
             try:
                 item: tuple[bool, Any] = (True, next(source))
-            except BaseException as error:  # noqa: BLE001 - StopIteration too: all go to the caller
-                item = (False, error)
+            except StopIteration:
+                item = (False, StopIteration())
+            except BaseException as error:  # noqa: BLE001 - all go to the caller
+                item = (False, detached(error))
             while not self._stopping.is_set():
                 try:
                     self._items.put(item, timeout=0.05)
@@ -88,7 +91,7 @@ class ToDevice(Iterator[tuple[Any, int]]):
         except StopIteration:
             return None
         except Exception as error:  # noqa: BLE001 - raised in its turn, after the batch in hand
-            return error.with_traceback(error.__traceback__.tb_next)  # not this frame: no cycle
+            return detached(error)
 
     def __next__(self) -> tuple[Any, int]:
         if not self._started:
@@ -129,3 +132,26 @@ def _record(batch: Any, stream: torch.cuda.Stream) -> None:
         batch.record_stream(stream)
     else:
         map_containers(lambda item: _record(item, stream), batch)
+
+
+def detached(error: BaseException) -> BaseException:
+    """``error`` as a stage may hold it: its traceback, and those of the errors it chains, kept
+    as text in a note rather than as frames.
+
+    A frame keeps the locals of every call it was reached through, the pass's among them: a
+    stage holding one would keep the pass, and with it its workers and threads, alive.
+    """
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            text = "".join(traceback.format_tb(current.__traceback__)).rstrip()
+            current.__traceback__ = None
+            if hasattr(current, "add_note"):  # Python 3.11+
+                current.add_note(f"Traceback of the error, most recent call last:\n{text}")
+        pending += [current.__cause__, current.__context__]
+    return error
+

@@ -23,7 +23,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.datapipes import draw_shared_seed, shard_for_rank, sharding_init_fn
-from shardwise.loader.device import Background, ToDevice
+from shardwise.loader.device import Background, ToDevice, detached
 from shardwise.loader.pools import Event, ProcessPool, ThreadPool, Workers, start_method_context
 from shardwise.loader.position import (PassRecord, Resume, dataset_states, new_record,
                                        next_pass_states, resumable_sampler, restore_randomness)
@@ -421,6 +421,7 @@ class LoaderIterator(Iterator[Any]):
         ``StopIteration`` from here on, and its stages stop (the workers go on)."""
         self._closed = True
         self._stop_stages()
+        self._pool_owner = self._pool = None  # the workers are the new pass's now
 
     def close(self) -> None:
         """Stop the workers now (persistent ones too: the next pass starts new ones).
@@ -470,17 +471,7 @@ class _Batches(Iterator[tuple[Any, int]]):
         source = self._source()
         if source is None:
             raise StopIteration
-        if source._fetcher is None:
-            return source._next_pair()
-        # Fetched from this frame, with the pass in no local: a dataset's error keeps the frames
-        # it was raised through (and their locals), and a stage holding it must not keep the
-        # pass, and so itself, alive.
-        fetcher, (place, index) = source._fetcher, next(source._indices)
-        del source
-        return self._noted(place, index, _fetch_here(fetcher, index))
-
-    def _noted(self, place: int, index: Any, batch: Any) -> tuple[Any, int]:
-        source = self._source()
-        if source is None:
-            raise StopIteration
-        return source._fetched_here(place, index, batch)
+        batch, count = source._next_pair()
+        if isinstance(batch, _Failed) and isinstance(batch.error, BaseException):
+            detached(batch.error)  # a stage holds it: not its frames, which hold the pass
+        return batch, count

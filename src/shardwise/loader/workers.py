@@ -141,6 +141,7 @@ class _ProcessWorker:
         self.sent = 0  # batches sent: slots are filled round-robin
         self.pending: deque[tuple[int, Any]] = deque()
         self.init_failure: ExceptionWrapper | None = None
+        self.keeps_states = False  # until a fetcher is made (a failed start makes none)
         try:
             if spec.init_fn is not None:
                 spec.init_fn(worker_id)
@@ -195,7 +196,7 @@ class _ProcessWorker:
             self.pending.clear()
             # Where its dataset stands as the pass ends, with the batches it fetched that were
             # never delivered: the new pass goes on from there, and so must a resume of it.
-            states = self._states() if self.init_failure is None else None
+            states = self._states()
             if _unpicklable(states, self.worker_id) is not None:  # its batches said so already
                 states = None
             apply_shared_seed(self.spec.dataset, message[2])
