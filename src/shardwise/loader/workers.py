@@ -196,9 +196,7 @@ class _ProcessWorker:
             self.pending.clear()
             # Where its dataset stands as the pass ends, with the batches it fetched that were
             # never delivered: the new pass goes on from there, and so must a resume of it.
-            states = self._states()
-            if _unpicklable(states, self.worker_id) is not None:  # its batches said so already
-                states = None
+            states = self._sendable_states()
             apply_shared_seed(self.spec.dataset, message[2])
             if self.init_failure is None:
                 self._new_fetcher()
@@ -240,7 +238,7 @@ class _ProcessWorker:
                 after = None
                 if failure is None:  # the data failed: its dataset's states go on past it
                     failure = task_failure(self.worker_id, index)
-                    after = self._states_past_failure()
+                    after = self._sendable_states()
                 message = ("error", task_id, failure, time.perf_counter() - started, after)
         finally:
             if isinstance(self.collate_fn, SlotCollate):
@@ -261,12 +259,13 @@ class _ProcessWorker:
         return dataset_states(self.spec.dataset, self.iterator, copied=False,
                               ended=getattr(self.fetcher, "ended", False))
 
-    def _states_past_failure(self) -> dict[str, Any] | None:
-        """A Stateful dataset's states after a batch that failed, so that a resume does not
-        read it again (None where they cannot be taken or sent: a resume reads it again)."""
+    def _sendable_states(self) -> dict[str, Any] | None:
+        """A Stateful dataset's states as they stand, for a message that goes out whatever they
+        are (a failed batch's, a new pass's acknowledgement): None where they cannot be taken or
+        pickled, which the batches report themselves."""
         try:
             states = self._states()
-        except Exception:  # noqa: BLE001 - the batch's own error is the one to report
+        except Exception:  # noqa: BLE001 - reported with the batches, not here
             return None
         return None if _unpicklable(states, self.worker_id) is not None else states
 
