@@ -154,4 +154,3 @@ def detached(error: BaseException) -> BaseException:
                 current.add_note(f"Traceback of the error, most recent call last:\n{text}")
         pending += [current.__cause__, current.__context__]
     return error
-

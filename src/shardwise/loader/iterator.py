@@ -324,17 +324,13 @@ class LoaderIterator(Iterator[Any]):
         """The next ``(batch, indices behind it)`` in delivery order; ``StopIteration`` at the end."""
         if self._fetcher is not None:  # no workers: fetch right here
             place, index = next(self._indices)
-            return self._fetched_here(place, index, _fetch_here(self._fetcher, index))
-        return self._pinned(*self._next_from_workers())
-
-    def _fetched_here(self, place: int, index: Any, batch: Any) -> tuple[Any, int]:
-        """Note a batch fetched in this process (or a failure in its place), and pin it."""
-        self._fetched.append((None, dataset_states(
-            self._loader.dataset, self._iterator, ended=getattr(self._fetcher, "ended", False))
-            if self._keeps_states else None, place, _NO_ENDS))
-        return self._pinned(batch, len(index) if self._auto else 1)
-
-    def _pinned(self, batch: Any, count: int) -> tuple[Any, int]:
+            count = len(index) if self._auto else 1
+            batch = _fetch_here(self._fetcher, index)
+            self._fetched.append((None, dataset_states(
+                self._loader.dataset, self._iterator, ended=getattr(self._fetcher, "ended", False))
+                if self._keeps_states else None, place, _NO_ENDS))
+        else:
+            batch, count = self._next_from_workers()
         pinned = isinstance(self._pool, ProcessPool)  # copied into pinned memory as they came
         if self._loader._pinning and not pinned and not isinstance(batch, _Failed):
             batch = pin_batch(batch)

@@ -289,13 +289,15 @@ class ThreadPool:
                                               self.spec.collate_fn, self.spec.drop_last)
         keeps = keeps_states(self.spec.dataset)
 
+        def states() -> dict[str, Any] | None:  # as the threads left the dataset
+            return dataset_states(self.spec.dataset, None) if keeps else None
+
         def fetch(task_id: int, index: Any) -> tuple[Any, Any]:
             try:
                 batch = fetcher.fetch(index)
             except Exception as error:
-                raise FailedFetch(dataset_states(self.spec.dataset, None) if keeps
-                                  else None) from error
-            return batch, dataset_states(self.spec.dataset, None) if keeps else None
+                raise FailedFetch(states()) from error
+            return batch, states()
 
         self.fetch = fetch
 
