@@ -20,7 +20,6 @@ from shardwise.streams import ShardedIterable, ShuffleBuffer, load_split, save_s
 __version__ = "0.2.0"  # the one place the version is written: pyproject.toml reads it from here
 
 __all__ = [
-    "__version__",
     "ClassBalancedSampler",
     "Coverage",
     "DataLoader",
@@ -31,6 +30,7 @@ __all__ = [
     "ShardedIterable",
     "ShuffleBuffer",
     "WeightedDistributedSampler",
+    "__version__",
     "check_consistent",
     "coverage",
     "gather_by_index",

@@ -2,7 +2,7 @@
 
 import subprocess
 import sys
-import xml.etree.ElementTree as ElementTree
+from xml.etree import ElementTree
 
 import pytest
 

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyarrow import feather
 
 from shardwise import spawn_local
 from shardwise.files.columnar import read_table, table_plan

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute, for a test's stand-in hash
+import pyarrow.compute
 import pyarrow.parquet as pq
 import pytest
 import torch.distributed as dist

@@ -83,7 +83,7 @@ def test_paracel_examples(tmp_path: Path) -> None:
     assert records["id"].tolist() == [1001, 1002] and records["values"].tolist() == [[0.1], [0.5]]
     # Paracel's own parser hook shape: "src\ttarget|target|..." split by a Python function.
     hook = _write(tmp_path, "7\t8|9\n", "hook.txt")
-    split = lambda line: [line.split("\t")[0], *line.split("\t")[1].split("|")]  # noqa: E731
+    split = lambda line: [line.split("\t")[0], *line.split("\t")[1].split("|")]
     assert _edges(read_records(hook, Format("fset", parser=split), 0, 1)[0]) == [(7, 8, 1.0), (7, 9, 1.0)]
 
 

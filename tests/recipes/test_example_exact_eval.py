@@ -15,7 +15,7 @@ def test_example_shows_the_bias_and_the_exact_metric():
     run = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True,
                          timeout=180)
     assert run.returncode == 0, run.stderr
-    rows = dict(re.findall(r"^(.+?):\s+accuracy (\d+/\d+) = ", run.stdout, flags=re.M))
+    rows = dict(re.findall(r"^(.+?):\s+accuracy (\d+/\d+) = ", run.stdout, flags=re.MULTILINE))
     # What one process computes over the whole set, from the example's own model.
     example = runpy.run_path(str(EXAMPLE))
     right = int(example["correct"](example["SAMPLES"], example["LABELS"]).sum())

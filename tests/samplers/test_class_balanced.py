@@ -133,5 +133,5 @@ def test_three_gloo_ranks_draw_disjoint_balanced_streams():
     for stream in streams:
         assert len(stream) == 31 and all(sorted(labels[stream[k:k + 4]].tolist()) == [0, 1, 2, 3]
                                           for k in range(0, 28, 4))
-    big = [set(i for i in s if labels[i] != 3) for s in streams]  # classes split over 3 ranks
+    big = [{i for i in s if labels[i] != 3} for s in streams]  # classes split over 3 ranks
     assert not (big[0] & big[1]) and not (big[1] & big[2]) and not (big[0] & big[2])

@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from shardwise import DistributedSampler
-from tests.samplers.test_real_loaders import LOADER_OPTIONS, RANK, SEED, SIZE, WORLD, flat, torch_epoch
+from tests.samplers.test_real_loaders import (
+    LOADER_OPTIONS,
+    RANK,
+    SEED,
+    SIZE,
+    WORLD,
+    flat,
+    torch_epoch,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -102,7 +102,7 @@ def _load_rank(options: dict) -> list[LoadStats]:
                   TransferSpeedColumn(), console=console, transient=True,
                   disable=rank != 0 or not console.is_terminal) as bar:
         task = bar.add_task(f"rank 0 of {world_size} reading", total=None)
-        progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
+        progress = lambda done, total: bar.update(task, completed=done, total=total)
         stats, arrays = _load(options, progress)
     if options["save"] is not None:
         options["save"].mkdir(parents=True, exist_ok=True)

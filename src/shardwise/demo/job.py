@@ -69,7 +69,7 @@ def run_rank(options: dict[str, Any]) -> dict[str, Any] | None:
 def _load(folder: Path) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
     vectors = load_vectors(folder, features=FEATURES + 1)  # the label, then the features
     stats = vectors.stats
-    mine = {"bytes": stats.bytes_read, "lines": stats.lines, "owned": int(len(vectors.ids))}
+    mine = {"bytes": stats.bytes_read, "lines": stats.lines, "owned": len(vectors.ids)}
     parts = gather_objects((vectors.ids, vectors.values))  # small: every rank takes all of it
     ids = np.concatenate([p[0] for p in parts])
     values = np.concatenate([p[1] for p in parts])[np.argsort(ids)]

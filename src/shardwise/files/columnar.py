@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
+from pyarrow import ipc
 from rich.console import Console
 from rich.table import Table
 

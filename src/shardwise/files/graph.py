@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shardwise.files.columnar import TablePlan
 from shardwise.files.load import LoadStats, load_records
 from shardwise.files.matrix import MatrixBlock
 from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import Format, LineParser
-from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan
 from shardwise.files.sorting import group_starts, sort_with_order
 from shardwise.files.sources import Paths, StorageOptions

@@ -22,6 +22,7 @@ from shardwise.distributed.consistency import together
 from shardwise.distributed.exchange import DEFAULT_ROUND_BYTES
 from shardwise.distributed.world import group_world, resolve_world
 from shardwise.files.agreement import plan_together
+from shardwise.files.columnar import TablePlan
 from shardwise.files.owners import owners
 from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import (
@@ -32,12 +33,10 @@ from shardwise.files.patterns import (
     first_line_features,
     parse_chunk,
 )
-from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan, input_plan
 from shardwise.files.read import DEFAULT_BLOCK_BYTES, iter_chunks, leading_lines
 from shardwise.files.records import edges, join
 from shardwise.files.route import exchange_groups, group_by_owner
-from shardwise.files.threads import ordered_map, rank_threads
 from shardwise.files.sources import Paths, StorageOptions
 from shardwise.files.tables import (
     check_columns,
@@ -45,6 +44,7 @@ from shardwise.files.tables import (
     stretch_bytes,
     vector_features,
 )
+from shardwise.files.threads import ordered_map, rank_threads
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes planned) on this rank
 

@@ -31,7 +31,7 @@ from shardwise.files.columnar import (
     say_if_split_by_rows,
 )
 from shardwise.files.ids import hash_together
-from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, ParseError, Parsed
+from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, Parsed, ParseError
 from shardwise.files.sources import Source
 
 EDGE_PATTERNS = ("fmap", "smap", "fsmap")  # which rank owns an edge; fset is a text format
@@ -238,7 +238,7 @@ def _nulls(column: pa.ChunkedArray) -> np.ndarray:
     return to_numpy(pc.is_null(column).cast(pa.int32())).astype(bool)
 
 
-def _filled(column: pa.ChunkedArray, kind: pa.DataType, fill: int | float) -> np.ndarray:
+def _filled(column: pa.ChunkedArray, kind: pa.DataType, fill: float) -> np.ndarray:
     """The column cast to ``kind`` as NumPy, nulls (bad rows, dropped later) filled; through its
     buffers, as pyarrow's own ``to_numpy`` imports pandas."""
     if column.null_count:

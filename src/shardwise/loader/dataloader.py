@@ -10,17 +10,16 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as torch_dist
-from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 from shardwise.checks import require_choice
 from shardwise.distributed.consistency import check_consistent
 from shardwise.loader.iterator import LoaderIterator
-from shardwise.loader.position import (PassRecord, Resume, loader_state, read_state,
-                                       resumed_batches)
-from shardwise.loader.progress import EpochBar
 from shardwise.loader.pools import Workers
+from shardwise.loader.position import PassRecord, Resume, loader_state, read_state, resumed_batches
+from shardwise.loader.progress import EpochBar
 from shardwise.loader.stats import Clock, LoaderStats
 from shardwise.samplers import DistributedSampler
 

@@ -25,8 +25,15 @@ from torch.utils.data.dataloader import _DatasetKind
 from shardwise.loader.datapipes import draw_shared_seed, shard_for_rank, sharding_init_fn
 from shardwise.loader.device import Background, ToDevice, detached
 from shardwise.loader.pools import Event, ProcessPool, ThreadPool, Workers, start_method_context
-from shardwise.loader.position import (PassRecord, Resume, dataset_states, new_record,
-                                       next_pass_states, resumable_sampler, restore_randomness)
+from shardwise.loader.position import (
+    PassRecord,
+    Resume,
+    dataset_states,
+    new_record,
+    next_pass_states,
+    restore_randomness,
+    resumable_sampler,
+)
 from shardwise.loader.stats import Clock
 from shardwise.loader.workers import WorkerSpec
 

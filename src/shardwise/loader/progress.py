@@ -13,8 +13,13 @@ class EpochBar:
     def __init__(self, total: int | None, epoch: int | None) -> None:
         # rich is imported only when a bar is asked for: `import shardwise` stays light.
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         rank = torch_dist.get_rank() if torch_dist.is_available() and torch_dist.is_initialized() else 0
         self._progress = Progress(

@@ -17,8 +17,8 @@ import mmap
 import os
 import pickle
 import tempfile
-from multiprocessing.connection import Connection
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np

@@ -77,9 +77,9 @@ class ShardedIterable(IterableDataset):
         # Whole shards, round-robin; or every shard, keeping every C-th item (rotated per shard
         # so short shards do not all favour the first consumers).
         mine = range(me, len(self.shards), consumers) if whole else range(len(self.shards))
-        number, offset = self._resume.pop(me, (0, 0))  # each pass starts afresh, unless resumed
-        self._progress[me] = (number, offset)
-        for number in range(number, len(mine)):
+        first, offset = self._resume.pop(me, (0, 0))  # each pass starts afresh, unless resumed
+        self._progress[me] = (first, offset)
+        for number in range(first, len(mine)):
             items = _open(self.shards[mine[number]])
             if not whole:
                 items = islice(items, (me - mine[number]) % consumers, None, consumers)
