@@ -1,12 +1,13 @@
 """Batches through shared-memory slots come back equal, whatever they hold."""
 
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict, defaultdict, namedtuple
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, unpack
 from shardwise.loader.workers import SlotCollate
@@ -19,11 +20,11 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 def round_trip(batch, size=1 << 20):
     slot = SharedSlot(size)
     try:
-        tree, arrays = flatten(batch)
+        data, arrays = flatten(batch)
         offsets = pack(arrays, Arena(slot))
         if offsets is None:
             return None
-        copy = unpack(tree, offsets, slot)
+        copy = unpack(data, offsets, slot)
         del arrays
         return copy
     finally:
@@ -67,7 +68,7 @@ def test_nested_containers_keep_their_types():
     assert type(copy) is OrderedDict and type(copy["pair"]) is Pair
     for key in ("image", "pair", "names", "meta", "empty", "strided", "scalar"):
         assert_same(batch[key], copy[key])
-    assert copy["grad"] is batch["grad"]  # flatten leaves it in the message
+    assert copy["grad"].requires_grad and torch.equal(copy["grad"], batch["grad"])  # pickled
 
 
 def test_a_batch_larger_than_the_slot_asks_for_a_larger_one():
@@ -84,11 +85,11 @@ def test_default_collation_writes_straight_into_the_slot():
     batch = collate([{"x": torch.full((3,), float(i)), "y": i} for i in range(4)])
     assert slot.holds(batch["x"]) is not None  # stacked in place: no copy left to make
     assert batch["y"].tolist() == [0, 1, 2, 3]
-    tree, arrays = flatten(batch)
+    data, arrays = flatten(batch)
     offsets = pack(arrays, collate.arena)
     assert offsets[0] == slot.holds(batch["x"])
-    assert unpack(tree, offsets, slot)["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
-    del batch, arrays, tree
+    assert unpack(data, offsets, slot)["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    del batch, arrays
     collate.arena = None
     slot.close()
 
@@ -99,3 +100,76 @@ def test_default_collation_writes_straight_into_the_slot():
 def test_any_list_of_arrays_round_trips(specs):
     batch = [(torch.rand(tuple(shape)) * 5).to(dtype) for dtype, shape in specs]
     assert_same(batch, round_trip(batch))
+
+
+class Tagged(list):
+    """A list subclass with an attribute of its own."""
+
+    tag = None
+
+
+class Subclassed(torch.Tensor):
+    pass
+
+
+def fidelity_batch():
+    tagged = Tagged([torch.ones(1)])
+    tagged.tag = "kept"
+    shared = torch.arange(3.0)
+    return {
+        "masked": np.ma.masked_array([1, 2, 3], mask=[0, 1, 0]),
+        "default": defaultdict(list, a=[torch.ones(1)]),
+        "subclass": torch.ones(2).as_subclass(Subclassed),
+        "tagged": tagged,
+        "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        "transposed": torch.arange(6).reshape(2, 3).t(),
+        "channels_last": torch.rand(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
+        "twice": [shared, shared],
+    }
+
+
+def test_what_is_not_a_plain_container_or_array_comes_back_as_pickle_brings_it():
+    batch = fidelity_batch()
+    copy = round_trip(batch)
+    assert np.array_equal(copy["masked"].mask, [False, True, False])
+    assert type(copy["default"]) is defaultdict and copy["default"]["new"] == []
+    assert type(copy["subclass"]) is Subclassed
+    assert type(copy["tagged"]) is Tagged and copy["tagged"].tag == "kept"
+    assert copy["fortran"].flags.f_contiguous and np.array_equal(copy["fortran"], batch["fortran"])
+    assert copy["transposed"].stride() == (1, 3)
+    assert torch.equal(copy["transposed"], batch["transposed"])
+    assert copy["channels_last"].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(copy["channels_last"], batch["channels_last"])
+    assert copy["twice"][0] is copy["twice"][1]  # one array, as torch's pickling keeps it
+
+
+class FidelityDataset(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> dict:
+        return fidelity_batch()
+
+
+def pack_sequences(samples):
+    data = torch.stack([sample[0] for sample in samples], 1)
+    lengths = torch.tensor([data.shape[0] - i for i in range(data.shape[1])])
+    return pack_padded_sequence(data, lengths, enforce_sorted=False)
+
+
+@pytest.mark.timeout(120)
+def test_worker_batches_keep_their_types_and_layouts_as_torchs_workers_do():
+    from shardwise import DataLoader
+
+    batch = next(iter(DataLoader(FidelityDataset(), batch_size=None, num_workers=1)))
+    expected = next(iter(torch.utils.data.DataLoader(FidelityDataset(), batch_size=None,
+                                                     num_workers=1)))
+    for key in expected:
+        assert type(batch[key]) is type(expected[key])
+    assert batch["tagged"].tag == "kept" and batch["twice"][0] is batch["twice"][1]
+    for key in ("transposed", "fortran", "channels_last"):  # (NumPy's converted to a tensor)
+        assert batch[key].stride() == expected[key].stride()
+    data = torch.utils.data.TensorDataset(torch.arange(50.0).view(10, 5))
+    packed = list(DataLoader(data, batch_size=2, collate_fn=pack_sequences, num_workers=1))
+    assert all(type(p) is PackedSequence for p in packed) and len(packed) == 5
+    assert torch.equal(packed[0].data, pack_sequences([data[0], data[1]]).data)

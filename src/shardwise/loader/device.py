@@ -3,6 +3,8 @@ GPU on a side stream that is done by the time the training step asks for the bat
 
 from __future__ import annotations
 
+import collections.abc
+import copy
 import queue
 import threading
 import traceback
@@ -10,8 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-
-from shardwise.loader.transport import map_containers
 
 
 class Background(Iterator[Any]):
@@ -154,3 +154,35 @@ def detached(error: BaseException) -> BaseException:
                 current.add_note(f"Traceback of the error, most recent call last:\n{text}")
         pending += [current.__cause__, current.__context__]
     return error
+
+
+def map_containers(fn: Any, obj: Any) -> Any:
+    """``obj`` with ``fn`` applied to each item of its mappings, lists and tuples.
+
+    As torch's ``pin_memory`` does, a mutable container is copied and its items replaced, so its
+    type and attributes stay; a tuple (named too) is made anew; where its type cannot be rebuilt
+    so, a plain dict or list comes back. Anything else is returned as it is.
+    """
+    if isinstance(obj, collections.abc.Mapping):
+        items = {key: fn(value) for key, value in obj.items()}
+        try:
+            if isinstance(obj, collections.abc.MutableMapping):
+                clone = copy.copy(obj)
+                clone.update(items)
+                return clone
+            return type(obj)(items)
+        except TypeError:
+            return items
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(fn(item) for item in obj))
+    if isinstance(obj, (list, tuple)):
+        items = [fn(item) for item in obj]
+        try:
+            if isinstance(obj, list):
+                clone = copy.copy(obj)
+                clone[:] = items
+                return clone
+            return type(obj)(items)
+        except TypeError:
+            return items
+    return obj

@@ -11,11 +11,13 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import select
 import signal
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,6 +113,13 @@ def _set_collection(on: bool) -> bool:
 # before.
 _COLLECTION = OffWhileUsed(_set_collection)
 
+# torch's words, so that what users search for finds the answer.
+_PICKLE_HINT = (
+    "Got pickle error when attempting to start a worker Process. This might be because the "
+    "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
+    "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
+    "arguments to be picklable. You can also try multiprocessing.set_start_method('fork').")
+
 
 class ProcessPool:
     """Worker processes, each fed tasks on its own pipe and returning batches in shared memory."""
@@ -131,7 +140,15 @@ class ProcessPool:
                                        args=(theirs, spec, worker, base_seed, shared_seed,
                                              states[worker], new_pass, collecting),
                                        name=f"shardwise-worker-{worker}", daemon=True)
-                proc.start()
+                try:
+                    proc.start()
+                except BaseException as error:  # the workers started so far stop too
+                    ours.close()
+                    theirs.close()
+                    self.close()
+                    if isinstance(error, (TypeError, AttributeError, pickle.PicklingError)):
+                        warnings.warn(_PICKLE_HINT, stacklevel=2)
+                    raise
                 theirs.close()
                 self.conns.append(ours)
                 self.procs.append(proc)
@@ -177,9 +194,9 @@ class ProcessPool:
             self.slots[worker][slot_id] = SharedSlot(size, reduction.recv_handle(conn))
             return None
         if kind == "batch":
-            _, task_id, slot_id, tree, offsets, busy, states = message
+            _, task_id, slot_id, data, offsets, busy, states = message
             slot = self.slots[worker][slot_id]
-            batch = unpack(tree, offsets, slot, pin=self.pin)
+            batch = unpack(data, offsets, slot, pin=self.pin)
             slot.full = False  # copied out: the worker may fill it again
             return Event("batch", task_id, worker, batch, busy, states)
         if kind == "error":

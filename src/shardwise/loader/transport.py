@@ -11,13 +11,12 @@ by where it lies in the slot. The main process copies the arrays out and hands t
 
 from __future__ import annotations
 
-import collections.abc
 import ctypes
+import io
 import mmap
 import os
 import pickle
 import tempfile
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -115,14 +114,9 @@ def receive(conn: Connection) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
-@dataclass(frozen=True)
-class Placed:
-    """Where the ``index``-th array of a batch went: kept in the message instead of the array."""
-
-    index: int
-    numpy: bool
-    dtype: Any  # a torch.dtype, or a NumPy dtype when ``numpy``
-    shape: tuple[int, ...]
+# Where a batch's array went, in place of the array in the pickled batch: its number among the
+# batch's arrays, whether it is NumPy's, its dtype, shape and layout (see ``_layout``).
+Placed = tuple[int, bool, Any, tuple[int, ...], Any]
 
 
 class Arena:
@@ -150,25 +144,44 @@ class Arena:
         return None if start is None else self.slot.bytes(start, count).view(dtype).view(shape)
 
 
-def flatten(batch: Any) -> tuple[Any, list[Array]]:
-    """``batch`` with each plain CPU tensor or numeric NumPy array replaced by a :class:`Placed`.
+def flatten(batch: Any) -> tuple[bytes, list[Array]]:
+    """``batch`` pickled, with each plain CPU tensor or numeric NumPy array left out: in its place
+    the pickle holds a :data:`Placed` reference, and the arrays are returned to be packed.
 
-    >>> tree, arrays = flatten({"x": torch.ones(2), "name": ["a", "b"]})
-    >>> tree["name"], type(tree["x"]).__name__, len(arrays)
-    (['a', 'b'], 'Placed', 1)
+    Everything else is pickled as torch's workers pickle it, so containers, dataclasses,
+    namedtuples and array subclasses come back as they were; an array that appears twice comes
+    back as one array.
+
+    >>> data, arrays = flatten({"x": torch.ones(2), "name": ["a", "b"]})
+    >>> type(data).__name__, len(arrays)
+    ('bytes', 1)
     """
-    arrays: list[Array] = []
+    out = io.BytesIO()
+    pickler = _ArrayPickler(out)
+    pickler.dump(batch)
+    return out.getvalue(), pickler.arrays
 
-    def place(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor) and _movable(obj):
-            arrays.append(obj)
-            return Placed(len(arrays) - 1, False, obj.dtype, tuple(obj.shape))
-        if isinstance(obj, np.ndarray) and obj.dtype.kind in "biufcmMV" and not obj.dtype.hasobject:
-            arrays.append(obj)
-            return Placed(len(arrays) - 1, True, obj.dtype, obj.shape)
-        return map_containers(place, obj)
 
-    return place(batch), arrays
+class _ArrayPickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arrays: list[Array] = []
+        self._placed: dict[int, Placed] = {}  # by id(): the batch keeps its arrays alive
+
+    def persistent_id(self, obj: Any) -> Placed | None:
+        kind = type(obj)  # exactly: a subclass (a masked array, say) keeps its own pickling
+        if kind is torch.Tensor:
+            if not _movable(obj):
+                return None
+        elif kind is not np.ndarray or obj.dtype.kind not in "biufcmMV" or obj.dtype.hasobject:
+            return None
+        placed = self._placed.get(id(obj))
+        if placed is None:
+            self.arrays.append(obj)
+            placed = (len(self.arrays) - 1, kind is np.ndarray, obj.dtype, tuple(obj.shape),
+                      _layout(obj))
+            self._placed[id(obj)] = placed
+        return placed
 
 
 def pack(arrays: list[Array], arena: Arena) -> list[int] | None:
@@ -200,49 +213,40 @@ def bytes_needed(arrays: list[Array]) -> int:
     return total
 
 
-def unpack(tree: Any, offsets: list[int], slot: SharedSlot, pin: bool = False) -> Any:
-    """The batch ``tree`` stands for, its arrays copied out of ``slot`` into memory of their own.
+def unpack(data: bytes, offsets: list[int], slot: SharedSlot, pin: bool = False) -> Any:
+    """The batch :func:`flatten` pickled, its arrays copied out of ``slot`` into memory of their
+    own.
 
     With ``pin`` the tensors land in page-locked memory, ready for an asynchronous copy to a GPU.
     """
+    return _ArrayUnpickler(data, offsets, slot, pin).load()
 
-    def restore(obj: Any) -> Any:
-        if isinstance(obj, Placed):
-            if obj.numpy:
-                array = np.empty(obj.shape, obj.dtype)
-                slot.copy_out(offsets[obj.index], array.nbytes, array.ctypes.data)
-                return array
+
+class _ArrayUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, offsets: list[int], slot: SharedSlot, pin: bool) -> None:
+        super().__init__(io.BytesIO(data))
+        self._offsets, self._slot, self._pin = offsets, slot, pin
+        self._restored: dict[int, Array] = {}
+
+    def persistent_load(self, placed: Placed) -> Array:
+        index, numpy, dtype, shape, layout = placed
+        array = self._restored.get(index)
+        if array is not None:
+            return array
+        if numpy:
+            array = np.empty(shape, dtype, order=layout or "C")
+            address, count = array.ctypes.data, array.nbytes
+        else:
             # One plain memcpy: torch's copy_ would start threads for it, and views cost more
             # than copying a small batch.
-            out = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=pin)
-            slot.copy_out(offsets[obj.index], out.nbytes, out.data_ptr())
-            return out
-        return map_containers(restore, obj)
-
-    return restore(tree)
-
-
-def map_containers(fn: Any, obj: Any) -> Any:
-    """``obj`` with ``fn`` applied to each item of its dicts, lists and tuples (named too).
-
-    Containers are rebuilt as their own type where that works, else as a plain dict or list,
-    as torch's collation does; anything else is returned as it is.
-    """
-    if isinstance(obj, collections.abc.Mapping):
-        items = {key: fn(value) for key, value in obj.items()}
-        try:
-            return type(obj)(items)
-        except TypeError:
-            return items
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(fn(item) for item in obj))
-    if isinstance(obj, (list, tuple)):
-        items = [fn(item) for item in obj]
-        try:
-            return type(obj)(items)
-        except TypeError:
-            return items
-    return obj
+            if layout is None:
+                array = torch.empty(shape, dtype=dtype, pin_memory=self._pin)
+            else:
+                array = torch.empty_strided(shape, layout, dtype=dtype, pin_memory=self._pin)
+            address, count = array.data_ptr(), array.numel() * array.element_size()
+        self._slot.copy_out(self._offsets[index], count, address)
+        self._restored[index] = array
+        return array
 
 
 def _movable(tensor: torch.Tensor) -> bool:
@@ -250,10 +254,38 @@ def _movable(tensor: torch.Tensor) -> bool:
             and not tensor.is_nested and not tensor.requires_grad and not tensor.is_quantized)
 
 
-def _as_tensor(array: Array) -> torch.Tensor:
-    """A contiguous uint8-compatible tensor over ``array``'s values (NumPy arrays as bytes)."""
+def _layout(array: Array) -> Any:
+    """How an array's elements lie in memory, when it is dense but not in row-major order: a
+    tensor's strides (transposed, channels-last), ``"F"`` for a column-major NumPy array.
+    ``None``: row-major, as every other array is sent."""
     if isinstance(array, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        fortran = array.ndim > 1 and array.flags.f_contiguous and not array.flags.c_contiguous
+        return "F" if fortran else None
+    if array.is_contiguous() or not _dense(array):
+        return None
+    return array.stride()
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s elements fill the memory from its first one, each once."""
+    extents = sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride())
+                     if size > 1)
+    expected = 1
+    for stride, size in extents:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _as_tensor(array: Array) -> torch.Tensor:
+    """A contiguous tensor over ``array``'s bytes as :func:`_layout` places them (NumPy arrays
+    as uint8)."""
+    if isinstance(array, np.ndarray):
+        ordered = array.T if _layout(array) == "F" else array
+        return torch.from_numpy(np.ascontiguousarray(ordered).reshape(-1).view(np.uint8))
+    if _layout(array) is not None:  # its memory as it lies: no reordering
+        return array.as_strided((array.numel(),), (1,))
     return array.contiguous()
 
 

@@ -218,7 +218,7 @@ class _ProcessWorker:
         try:
             batch = self.fetcher.fetch(index)
             states = self._states()
-            tree, arrays = flatten(batch)
+            data, arrays = flatten(batch)
             offsets = pack(arrays, arena)
             if offsets is None:  # the slot is too small for this batch: a larger one replaces it
                 retired = slot
@@ -226,7 +226,7 @@ class _ProcessWorker:
                                                           2 * slot.size)))
                 offsets = pack(arrays, arena)
             del batch, arrays
-            message = ("batch", task_id, slot_id, tree, offsets, time.perf_counter() - started,
+            message = ("batch", task_id, slot_id, data, offsets, time.perf_counter() - started,
                        states)
             payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # may fail: here
         except Exception as error:  # noqa: BLE001 - the caller re-raises it, with this traceback
