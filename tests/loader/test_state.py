@@ -203,6 +203,24 @@ def test_torchdata_sees_a_stateful_loader():
     assert isinstance(DataLoader(Indexed()), stateful.Stateful)
 
 
+@pytest.mark.parametrize("every", [1, 3, None])
+def test_code_written_for_torchdatas_loader_runs_and_resumes_exactly_at_any_step(every):
+    def make():
+        return DataLoader(Indexed(), batch_size=4, shuffle=True, snapshot_every_n_steps=every)
+
+    torch.manual_seed(5)
+    loader = make()
+    iterator = iter(loader)
+    head = values(islice(iterator, 2))  # between two of torchdata's snapshots, for every=3
+    state = loader.state_dict()
+    rest = values(iterator)
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert values(fresh) == rest and len(head) == 2
+    with pytest.raises(ValueError, match="snapshot_every_n_steps must be at least 1, got 0"):
+        DataLoader(Indexed(), snapshot_every_n_steps=0)
+
+
 def test_python_and_numpy_randomness_are_not_touched_by_a_resume():
     loader = DataLoader(Indexed(), batch_size=4, shuffle=True)
     iterator = iter(loader)
@@ -432,6 +450,53 @@ def test_persistent_workers_left_early_carry_what_they_fetched_ahead_into_the_ne
     fresh = make()
     fresh.load_state_dict(state)
     assert values(fresh) == rest
+
+
+class Position:
+    """An iterator that is Stateful itself (its dataset is not): where it stands in its items."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.items, self.at = items, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        if self.at >= len(self.items):
+            raise StopIteration
+        self.at += 1
+        return self.items[self.at - 1]
+
+    def state_dict(self) -> dict:
+        return {"at": self.at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.at = state["at"]
+
+
+class WorkerShares(IterableDataset):
+    """Four items a worker, read through a Stateful iterator made anew each pass."""
+
+    def __iter__(self):
+        worker = get_worker_info().id
+        return Position(list(range(100 * worker, 100 * worker + 4)))
+
+
+@pytest.mark.parametrize("taken", [1, 2, 4])
+def test_a_later_epochs_state_taken_before_every_worker_delivered_resumes_them_all(taken):
+    # In the second epoch the workers that have not delivered yet still hold the states they
+    # ended the first with: a resume must start their streams anew, not go on from those ends.
+    def make():
+        return DataLoader(WorkerShares(), batch_size=None, num_workers=3, persistent_workers=True)
+
+    loader = make()
+    epoch = sorted(loader)
+    iterator = iter(loader)
+    head = list(islice(iterator, taken))
+    state = json.loads(json.dumps(loader.state_dict()))
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert sorted(head + list(fresh)) == epoch and len(epoch) == 12
 
 
 class FaultyCountdown(Countdown):

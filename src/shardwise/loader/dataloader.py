@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
-from shardwise.checks import require_choice
+from shardwise.checks import require_choice, require_int
 from shardwise.distributed.consistency import check_consistent
 from shardwise.loader.iterator import LoaderIterator
 from shardwise.loader.pools import Workers
@@ -82,7 +82,13 @@ class DataLoader(TorchDataLoader[T_co]):
         verify: bool = True,
         distributed: bool = False,
         seed: int = 0,
+        snapshot_every_n_steps: int | None = 1,
     ) -> None:
+        # torchdata's StatefulDataLoader argument, taken so that code written for it runs
+        # unchanged: here the state is built when asked for, exact at any step, so it sets nothing.
+        if snapshot_every_n_steps is not None:
+            require_int("snapshot_every_n_steps", snapshot_every_n_steps, minimum=1)
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         if distributed and not isinstance(sampler, TorchDistributedSampler):
             # A distributed sampler given with it is kept: trainers that rebuild a loader
             # (Lightning) pass the one it made back in, with the same arguments.

@@ -182,8 +182,9 @@ class LoaderIterator(Iterator[Any]):
             if first:
                 if loader._dataset_kind == _DatasetKind.Iterable:
                     self._put_dataset_back()  # before thread workers make the stream's iterator
-                new_pass = resume is None or not resume.within
-                self._pool = self._start_pool(self.record.worker_states, new_pass, restored)
+                new_passes = (resume.new_passes(self._num_workers) if resume is not None
+                              else [True] * self._num_workers)
+                self._pool = self._start_pool(self.record.worker_states, new_passes, restored)
                 if self._processes:  # torch draws (and drops) one more after starting them
                     draw_shared_seed(loader)
             elif any(carried := self._pool.new_epoch(self._shared_seed)):
@@ -200,6 +201,9 @@ class LoaderIterator(Iterator[Any]):
         if resume is not None and not self._drop and self._num_workers:  # it goes on as it was
             self.record.next_worker = resume.next_worker % self._num_workers
             self.record.ended = [w for w in resume.ended if w < self._num_workers]
+            if resume.within:
+                self.record.begun = (set(range(self._num_workers)) if resume.begun is None
+                                     else set(resume.begun))
         self._map = loader._dataset_kind == _DatasetKind.Map
         if resume is not None and self._map:  # later batches delivered already are passed over
             self.record.ahead = dict(resume.ahead)
@@ -215,10 +219,10 @@ class LoaderIterator(Iterator[Any]):
         return int(torch.empty((), dtype=torch.int64).random_(generator=self._loader.generator)
                    .item())
 
-    def _start_pool(self, states: list[dict[str, Any] | None], new_pass: bool,
+    def _start_pool(self, states: list[dict[str, Any] | None], new_passes: list[bool],
                     stream_states: dict[str, Any]) -> ProcessPool | ThreadPool:
-        """Start the workers: processes from their datasets' ``states`` (then on a ``new_pass``,
-        or within the saved one), threads reading a stream from its ``stream_states``."""
+        """Start the workers: processes from their datasets' ``states`` (each then on a new
+        pass, or within the saved one), threads reading a stream from its ``stream_states``."""
         loader = self._loader
         init_fn = sharding_init_fn(loader.dataset, loader.worker_init_fn)
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
@@ -228,7 +232,7 @@ class LoaderIterator(Iterator[Any]):
         else:
             context = start_method_context(loader.multiprocessing_context)
             pool = ProcessPool(spec, self._base_seed, self._shared_seed, context,
-                               pin=loader._pinning, states=states, new_pass=new_pass)
+                               pin=loader._pinning, states=states, new_passes=new_passes)
         # Persistent workers live as long as the loader; others as long as this pass.
         owner = loader if loader.persistent_workers else self
         self._pool_owner = Workers(pool, self._base_seed, owner)
@@ -269,6 +273,7 @@ class LoaderIterator(Iterator[Any]):
             self._advance(count, worker, place)
             if states is not None and self.record.worker_states:
                 self.record.worker_states[worker] = states
+                self.record.begun.add(worker)
                 if states.get("ended"):  # a short last batch ended its stream
                     self._note_end(worker, None)
             elif states is not None:  # from this process: its dataset is the one
@@ -295,6 +300,7 @@ class LoaderIterator(Iterator[Any]):
             self.record.ended.append(worker)
         if states is not None:
             self.record.worker_states[worker] = states
+            self.record.begun.add(worker)
 
     def _dropped(self) -> bool:
         """Whether this batch is one a resumed stream already delivered (and so is dropped)."""

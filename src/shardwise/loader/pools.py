@@ -125,8 +125,9 @@ class ProcessPool:
     """Worker processes, each fed tasks on its own pipe and returning batches in shared memory."""
 
     def __init__(self, spec: WorkerSpec, base_seed: int, shared_seed: int | None, context: Any,
-                 pin: bool, states: list[dict[str, Any] | None], new_pass: bool) -> None:
-        """``states``: each worker's dataset's to resume from, then a ``new_pass`` or not."""
+                 pin: bool, states: list[dict[str, Any] | None], new_passes: list[bool]
+                 ) -> None:
+        """``states``: each worker's dataset's to resume from, then on a new pass or not."""
         self.num_workers, self.pin = spec.num_workers, pin
         self._pid = os.getpid()
         self.conns: list[Connection] = []
@@ -138,7 +139,7 @@ class ProcessPool:
                 ours, theirs = context.Pipe(duplex=True)
                 proc = context.Process(target=process_worker,
                                        args=(theirs, spec, worker, base_seed, shared_seed,
-                                             states[worker], new_pass, collecting),
+                                             states[worker], new_passes[worker], collecting),
                                        name=f"shardwise-worker-{worker}", daemon=True)
                 try:
                     proc.start()

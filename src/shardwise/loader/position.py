@@ -97,6 +97,9 @@ class PassRecord:
     # With worker processes, each one's copy of a Stateful dataset: its states after the last
     # batch it delivered (None: as it started).
     worker_states: list[dict[str, Any] | None] = field(default_factory=list)
+    # The workers whose states are from this pass (it delivered a batch, or its stream ended);
+    # the others' are where they stood as the pass began, and a resume starts them on it anew.
+    begun: set[int] = field(default_factory=set)
     next_worker: int = 0  # the worker the next batch's task goes to (they take turns)
     ended: list[int] = field(default_factory=list)  # workers whose stream ended, in order
     # A map dataset's batches by their place in the pass (in_order=False may deliver a later one
@@ -195,6 +198,8 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     if batches and not record.finished:
         state["next_worker"] = record.next_worker
         state["ended"] = list(record.ended)
+        if any(worker_states):
+            state["begun"] = sorted(record.begun)
     return state
 
 
@@ -266,11 +271,18 @@ class Resume:
     next_worker: int  # the worker whose turn it is, when the resumed pass goes on as it was
     ended: list[int]  # the workers whose stream had ended, when it goes on as it was
     ahead: dict[int, int]  # a map dataset's later batches delivered already (place: indices)
+    begun: set[int] | None  # the workers whose states are from within the saved pass (None: all)
 
     @property
     def within(self) -> bool:
         """Whether the saved pass had delivered anything (else the resume begins a pass)."""
         return self.resumed_batches > 0 or bool(self.ahead)
+
+    def new_passes(self, workers: int) -> list[bool]:
+        """For each worker, whether its saved states are from before the pass, so that it makes
+        a new iterator after putting them back."""
+        return [not self.within or (self.begun is not None and worker not in self.begun)
+                for worker in range(workers)]
 
 
 def read_state(loader: Any, state: Any) -> Resume | None:
@@ -295,8 +307,10 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     if route == "iterable":  # states saved before "streams" was recorded are trusted
         _check_streams(state.get("streams", streams), streams, "was saved by a loader reading "
                        "its IterableDataset as", "each worker process reads its own share")
+    begun = state.get("begun")
     turns = (int(state.get("next_worker", 0)), [int(w) for w in state.get("ended", [])],
-             {int(place): int(count) for place, count in state.get("ahead", [])})
+             {int(place): int(count) for place, count in state.get("ahead", [])},
+             None if begun is None else {int(w) for w in begun})
     before = batches - len(turns[2])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
@@ -307,7 +321,7 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 f"this is rank {this[0]} of {this[1]}, whose batches came in another order, so "
                 "its resume may repeat or skip a few: resume each rank from its own state, or "
                 "use in_order=True", stacklevel=3)
-            turns = (*turns[:2], {})  # the other rank's early batches are not this one's
+            turns = (*turns[:2], {}, turns[3])  # the other rank's early batches are not ours
         return Resume(0, before, {}, seed, drew, datasets, workers, *turns)
     randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
                   for name, s in state.get("randomness", {}).items()}
