@@ -125,6 +125,7 @@ def fidelity_batch():
         "transposed": torch.arange(6).reshape(2, 3).t(),
         "channels_last": torch.rand(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
         "twice": [shared, shared],
+        "conjugate": torch.tensor([1 + 2j, 3 - 1j]).conj(),  # a lazy view: its bytes are not it
     }
 
 
@@ -141,6 +142,7 @@ def test_what_is_not_a_plain_container_or_array_comes_back_as_pickle_brings_it()
     assert copy["channels_last"].is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(copy["channels_last"], batch["channels_last"])
     assert copy["twice"][0] is copy["twice"][1]  # one array, as torch's pickling keeps it
+    assert torch.equal(copy["conjugate"], batch["conjugate"])
 
 
 class FidelityDataset(torch.utils.data.Dataset):

@@ -250,8 +250,11 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 def _movable(tensor: torch.Tensor) -> bool:
+    """Whether a tensor's values are its bytes in memory, which the slot can carry as they are
+    (a lazily conjugated or negated view's are not)."""
     return (tensor.device.type == "cpu" and tensor.layout == torch.strided
-            and not tensor.is_nested and not tensor.requires_grad and not tensor.is_quantized)
+            and not tensor.is_nested and not tensor.requires_grad and not tensor.is_quantized
+            and not tensor.is_conj() and not tensor.is_neg())
 
 
 def _layout(array: Array) -> Any:
