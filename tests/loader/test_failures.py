@@ -140,6 +140,19 @@ def test_a_killed_worker_is_named_with_its_signal_at_once(kill, name, clean):
         next(iterator)
 
 
+def test_a_worker_killed_with_batches_still_in_its_pipe_is_named_when_its_next_task_fails(clean):
+    # Its batches are read first; the task that follows them meets a closed pipe, and that too
+    # says which worker died and how, as torch does, not as a bare BrokenPipeError.
+    iterator = iter(DataLoader(Failing(kill=signal.SIGKILL), batch_size=1, num_workers=1))
+    next(iterator)
+    time.sleep(0.5)  # the prefetched batches are in its pipe
+    os.kill(iterator._workers[0].pid, signal.SIGKILL)
+    time.sleep(0.5)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid \d+\) is killed by signal: "
+                                           r".+\. It was worker 0, killed by SIGKILL"):
+        list(iterator)
+
+
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
 def test_timeout_is_honoured(worker_type, clean):
     loader = DataLoader(Failing(sleep=2.0), batch_size=2, num_workers=1, timeout=0.3,

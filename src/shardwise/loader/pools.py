@@ -162,7 +162,10 @@ class ProcessPool:
             self._poller.register(fd, select.POLLIN)
 
     def submit(self, worker: int, task_id: int, index: Any) -> None:
-        send(self.conns[worker], ("task", task_id, index))
+        try:
+            send(self.conns[worker], ("task", task_id, index))
+        except OSError:  # its end of the pipe closed: it died, with batches still to read
+            raise WorkerDied(self._death_notice(worker)) from None
 
     def receive(self, timeout: float | None) -> Event | None:
         """The next thing any worker sent; ``None`` when ``timeout`` seconds pass first."""
