@@ -4,8 +4,10 @@ Leftovers are counted for real: child processes, threads, shared-memory mappings
 descriptors of this process, before and after.
 """
 
+import copy
 import gc
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -151,6 +153,23 @@ def test_a_worker_killed_with_batches_still_in_its_pipe_is_named_when_its_next_t
     with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid \d+\) is killed by signal: "
                                            r".+\. It was worker 0, killed by SIGKILL"):
         list(iterator)
+
+
+@pytest.mark.parametrize("copy_loader", [copy.deepcopy, lambda l: pickle.loads(pickle.dumps(l))],
+                         ids=["deepcopy", "pickle"])
+def test_a_loader_copied_mid_pass_leaves_its_workers_to_the_original(copy_loader, clean):
+    # torch refuses to copy a loader with persistent workers; a copy here is the same loader
+    # with none of its own yet, and the original's workers and pipes are untouched by it.
+    data = torch.arange(20.0)
+    loader = DataLoader(data, batch_size=2, num_workers=2, persistent_workers=True)
+    iterator = iter(loader)
+    first = next(iterator)
+    twin = copy_loader(loader)
+    assert [b.tolist() for b in twin] == [b.tolist() for b in TorchLoader(data, 2)]
+    assert next(iterator).tolist() == [2.0, 3.0] and first.tolist() == [0.0, 1.0]
+    with pytest.raises(NotImplementedError, match="cannot be pickled"):
+        pickle.dumps(iterator)  # a pass holds processes, as torch's does
+    del iterator, loader, twin
 
 
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)

@@ -147,6 +147,13 @@ class DataLoader(TorchDataLoader[T_co]):
         self._pass = weakref.ref(current) if self.persistent_workers else None
         return current
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy``, pickling) is the same loader, at the same place, with no
+        workers or pass of its own: it starts its own when iterated."""
+        state = self.__dict__.copy()
+        state.update(_workers=None, _pass=None, _bar=None, _datapipe_group=None)
+        return state
+
     def __iter__(self) -> LoaderIterator:
         # Not torch's: it keeps the iterator to reuse persistent workers, and the iterator
         # keeps the loader; here the loader keeps only the workers, so no cycle outlives a pass.

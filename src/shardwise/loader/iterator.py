@@ -425,6 +425,9 @@ class LoaderIterator(Iterator[Any]):
     def __len__(self) -> int:
         return len(self._loader)
 
+    def __getstate__(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")  # as torch's
+
     def retire(self) -> None:
         """End this pass for a new one on the same persistent workers: ``next`` raises
         ``StopIteration`` from here on, and its stages stop (the workers go on)."""

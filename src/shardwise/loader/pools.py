@@ -79,6 +79,11 @@ class Workers:
     def close(self) -> None:
         self._closer()
 
+    def __reduce__(self) -> Any:
+        # A copy would own the same pipes and close them under the workers: refused, as torch
+        # refuses to pickle its iterator (a loader's copy leaves its workers out).
+        raise NotImplementedError(f"{type(self).__name__} cannot be pickled or copied")
+
 
 def start_method_context(requested: Any) -> Any:
     """The multiprocessing context for worker processes.
