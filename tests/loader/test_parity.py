@@ -148,6 +148,17 @@ def test_conflicting_arguments_raise_torchs_errors(options):
     assert str(ours.value) == str(theirs.value)
 
 
+@pytest.mark.parametrize("options,error,message", [
+    ({"num_workers": 2, "prefetch_factor": 0}, ValueError, "pass prefetch_factor=1 or more"),
+    ({"shuffle": True, "generator": 3}, TypeError, "generator must be a torch.Generator, got 3"),
+], ids=str)
+def test_arguments_torch_fails_on_only_when_iterating_are_refused_at_once(options, error, message):
+    with pytest.raises((AssertionError, TypeError)):  # torch: at the first pass
+        list(TorchLoader(Augmented(), **options))
+    with pytest.raises(error, match=message):
+        DataLoader(Augmented(), **options)
+
+
 @pytest.mark.parametrize("options", [{"shuffle": True}, {"sampler": RandomSampler(range(3))},
                                      {"batch_sampler": [[0]]}], ids=str)
 def test_iterable_dataset_refusals_are_torchs(options):

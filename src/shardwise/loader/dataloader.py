@@ -112,6 +112,12 @@ class DataLoader(TorchDataLoader[T_co]):
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
+        # torch fails on these only at iter(): prefetch_factor=0 there, a bad generator later.
+        if self.num_workers and self.prefetch_factor == 0:
+            raise ValueError(f"prefetch_factor=0 with num_workers={num_workers} gives the workers "
+                             "no batch to fetch: pass prefetch_factor=1 or more (2 by default)")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {generator!r}")
         self.worker_type = worker_type
         self.progress = progress
         self.verify = verify
