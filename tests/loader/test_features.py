@@ -1,5 +1,6 @@
 """What shardwise.DataLoader adds: thread workers, stats, progress, distributed=True, checks."""
 
+import collections.abc
 import warnings
 
 import pytest
@@ -144,3 +145,36 @@ def test_a_new_pass_on_persistent_workers_ends_the_one_before(worker_type):
     assert indices(second) == list(range(45))
     with pytest.raises(StopIteration):
         next(first)
+
+
+class Wrapped(collections.abc.MutableMapping):
+    """A mapping whose shallow copies share its storage (as many wrapper classes do)."""
+
+    def __init__(self, **items) -> None:
+        self.items_ = dict(items)
+
+    def __getitem__(self, key):
+        return self.items_[key]
+
+    def __setitem__(self, key, value) -> None:
+        self.items_[key] = value
+
+    def __delitem__(self, key) -> None:
+        del self.items_[key]
+
+    def __iter__(self):
+        return iter(self.items_)
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+
+def test_what_the_gpu_stage_records_on_a_stream_it_only_reads():
+    # A batch taken on another stream is walked for its tensors: walking must not rebuild it
+    # (a rebuilt copy of this mapping would write over the batch the caller holds).
+    from shardwise.loader.device import _tensors
+
+    x, y = torch.ones(2), torch.zeros(3)
+    batch = Wrapped(x=x, nested=[(y, "name")], none=None)
+    assert [t is x or t is y for t in _tensors(batch)] == [True, True]
+    assert batch["x"] is x and batch["nested"][0][0] is y

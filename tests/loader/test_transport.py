@@ -175,3 +175,46 @@ def test_worker_batches_keep_their_types_and_layouts_as_torchs_workers_do():
     packed = list(DataLoader(data, batch_size=2, collate_fn=pack_sequences, num_workers=1))
     assert all(type(p) is PackedSequence for p in packed) and len(packed) == 5
     assert torch.equal(packed[0].data, pack_sequences([data[0], data[1]]).data)
+
+
+def test_tensor_subclasses_and_tensors_with_attributes_travel_in_the_slot_and_come_back_whole():
+    labelled = torch.arange(4.0)
+    labelled.label = "boxes"
+    subclass = torch.ones(3).as_subclass(Subclassed)
+    subclass.format = "xyxy"
+    batch = {"labelled": labelled, "subclass": subclass}
+    _, arrays = flatten(batch)
+    assert len(arrays) == 2  # both in the slot (pinned there when asked), not pickled whole
+    copy = round_trip(batch)
+    assert type(copy["subclass"]) is Subclassed and copy["subclass"].format == "xyxy"
+    assert copy["labelled"].label == "boxes" and torch.equal(copy["labelled"], labelled)
+
+
+class Handle:
+    """An object whose unpickling fails in the main process with an OSError."""
+
+    def __getstate__(self) -> dict:
+        return {"path": "/no/such/file"}
+
+    def __setstate__(self, state: dict) -> None:
+        with open(state["path"]):
+            pass
+
+
+class Handles(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, index: int):
+        return {"x": torch.full((2,), float(index)), "handle": Handle() if index == 1 else None}
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_that_cannot_be_rebuilt_here_fails_alone_with_its_own_error():
+    from shardwise import DataLoader
+
+    iterator = iter(DataLoader(Handles(), batch_size=None, num_workers=1))
+    assert next(iterator)["x"].tolist() == [0.0, 0.0]
+    with pytest.raises(FileNotFoundError, match="rebuilding the batch DataLoader worker process 0"):
+        next(iterator)  # its own error, as torch raises it: not a worker reported dead
+    assert next(iterator)["x"].tolist() == [2.0, 2.0]

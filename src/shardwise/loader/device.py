@@ -128,10 +128,20 @@ def _copy(batch: Any, device: torch.device, stream: torch.cuda.Stream) -> Any:
 
 
 def _record(batch: Any, stream: torch.cuda.Stream) -> None:
+    for tensor in _tensors(batch):
+        tensor.record_stream(stream)
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    """The tensors in ``batch``'s mappings, lists and tuples (read only: nothing is rebuilt)."""
     if isinstance(batch, torch.Tensor):
-        batch.record_stream(stream)
-    else:
-        map_containers(lambda item: _record(item, stream), batch)
+        yield batch
+    elif isinstance(batch, collections.abc.Mapping):
+        for item in batch.values():
+            yield from _tensors(item)
+    elif isinstance(batch, (list, tuple)):
+        for item in batch:
+            yield from _tensors(item)
 
 
 def detached(error: BaseException) -> BaseException:

@@ -344,8 +344,9 @@ class LoaderIterator(Iterator[Any]):
                 if self._keeps_states else None, place, _NO_ENDS))
         else:
             batch, count = self._next_from_workers()
-        pinned = isinstance(self._pool, ProcessPool)  # copied into pinned memory as they came
-        if self._loader._pinning and not pinned and not isinstance(batch, _Failed):
+        # torch's pinning, for what it does besides tensors (a batch's own pin_memory(), tuples
+        # made lists); tensors from worker processes were copied out into pinned memory, and stay.
+        if self._loader._pinning and not isinstance(batch, _Failed):
             batch = pin_batch(batch)
         return batch, count
 

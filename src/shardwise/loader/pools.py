@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
+from torch._utils import ExceptionWrapper
 from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.position import dataset_states, keeps_states
@@ -205,8 +206,13 @@ class ProcessPool:
         if kind == "batch":
             _, task_id, slot_id, data, offsets, busy, states = message
             slot = self.slots[worker][slot_id]
-            batch = unpack(data, offsets, slot, pin=self.pin)
-            slot.full = False  # copied out: the worker may fill it again
+            try:
+                batch = unpack(data, offsets, slot, pin=self.pin)
+            except Exception:  # noqa: BLE001 - it fails its batch alone, raised as it is
+                where = f"rebuilding the batch DataLoader worker process {worker} sent"
+                return Event("error", task_id, worker, ExceptionWrapper(where=where), busy, states)
+            finally:
+                slot.full = False  # copied out: the worker may fill it again
             return Event("batch", task_id, worker, batch, busy, states)
         if kind == "error":
             return Event("error", message[1], worker, message[2], message[3], message[4])

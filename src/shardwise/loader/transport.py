@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._tensor import _rebuild_from_type_v2
 
 ALIGN = 64  # every array starts on a cache line, so any dtype can be viewed in place
 HEADER = ALIGN  # a slot's first bytes: the flag that it holds a batch
@@ -164,14 +165,16 @@ def flatten(batch: Any) -> tuple[bytes, list[Array]]:
 
 class _ArrayPickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.arrays: list[Array] = []
-        self._placed: dict[int, Placed] = {}  # by id(): the batch keeps its arrays alive
+        # torch's workers pickle with the default protocol: so do these, and what is pickled
+        # comes back alike (protocol 5 would bring NumPy arrays back read-only).
+        super().__init__(file, protocol=pickle.DEFAULT_PROTOCOL)
+        self.arrays: list[Array] = []  # (they also keep alive the ids in ``_placed``)
+        self._placed: dict[int, Placed] = {}
 
     def persistent_id(self, obj: Any) -> Placed | None:
         kind = type(obj)  # exactly: a subclass (a masked array, say) keeps its own pickling
         if kind is torch.Tensor:
-            if not _movable(obj):
+            if not _movable(obj) or obj.__dict__:  # attributes set on it: see reducer_override
                 return None
         elif kind is not np.ndarray or obj.dtype.kind not in "biufcmMV" or obj.dtype.hasobject:
             return None
@@ -182,6 +185,21 @@ class _ArrayPickler(pickle.Pickler):
                       _layout(obj))
             self._placed[id(obj)] = placed
         return placed
+
+    def reducer_override(self, obj: Any) -> Any:
+        """A tensor subclass (torchvision's ``tv_tensors``, say), or a tensor with attributes of
+        its own, rebuilt as torch rebuilds it, around its plain tensor: that one travels in the
+        slot (pinned when asked) like any other."""
+        if (isinstance(obj, torch.Tensor) and _movable(obj)
+                and type(obj).__reduce_ex__ is torch.Tensor.__reduce_ex__):
+            state = torch._utils._get_obj_state(obj)
+            return (_rebuild_from_type_v2, (_itself, type(obj),
+                                            (obj.as_subclass(torch.Tensor),), state))
+        return NotImplemented
+
+
+def _itself(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def pack(arrays: list[Array], arena: Arena) -> list[int] | None:
