@@ -1,5 +1,6 @@
 """Batches through shared-memory slots come back equal, whatever they hold."""
 
+import copyreg
 from collections import OrderedDict, defaultdict, namedtuple
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+from torch.testing._internal.two_tensor import TwoTensor
 
 from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, unpack
 from shardwise.loader.workers import SlotCollate
@@ -188,6 +190,20 @@ def test_tensor_subclasses_and_tensors_with_attributes_travel_in_the_slot_and_co
     copy = round_trip(batch)
     assert type(copy["subclass"]) is Subclassed and copy["subclass"].format == "xyxy"
     assert copy["labelled"].label == "boxes" and torch.equal(copy["labelled"], labelled)
+
+
+class Registered(torch.Tensor):
+    """A subclass whose pickling a library registered with copyreg: it travels as a list."""
+
+
+copyreg.pickle(Registered, lambda tensor: (torch.tensor, (tensor.tolist(),)))
+
+
+def test_subclasses_that_wrap_tensors_or_pickle_their_own_way_keep_their_pickling():
+    wrapper = TwoTensor(torch.zeros(3), torch.ones(3))  # __torch_dispatch__: its alias is one too
+    copy = round_trip({"wrapper": wrapper, "registered": torch.ones(2).as_subclass(Registered)})
+    assert type(copy["wrapper"]) is TwoTensor and copy["wrapper"].b.tolist() == [1.0] * 3
+    assert type(copy["registered"]) is torch.Tensor  # as its reducer says, as pickle does
 
 
 class Handle:

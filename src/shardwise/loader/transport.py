@@ -11,6 +11,7 @@ by where it lies in the slot. The main process copies the arrays out and hands t
 
 from __future__ import annotations
 
+import copyreg
 import ctypes
 import io
 import mmap
@@ -190,12 +191,18 @@ class _ArrayPickler(pickle.Pickler):
         """A tensor subclass (torchvision's ``tv_tensors``, say), or a tensor with attributes of
         its own, rebuilt as torch rebuilds it, around its plain tensor: that one travels in the
         slot (pinned when asked) like any other."""
-        if (isinstance(obj, torch.Tensor) and _movable(obj)
-                and type(obj).__reduce_ex__ is torch.Tensor.__reduce_ex__):
-            state = torch._utils._get_obj_state(obj)
-            return (_rebuild_from_type_v2, (_itself, type(obj),
-                                            (obj.as_subclass(torch.Tensor),), state))
-        return NotImplemented
+        kind = type(obj)
+        # Left to their own pickling: subclasses that pickle themselves (Parameter), have a
+        # reducer registered, or wrap other tensors (``__torch_dispatch__``: DTensor, say).
+        if (not isinstance(obj, torch.Tensor) or kind.__reduce_ex__ is not torch.Tensor.__reduce_ex__
+                or kind in copyreg.dispatch_table
+                or kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__):
+            return NotImplemented
+        plain = obj.as_subclass(torch.Tensor)  # (no __torch_function__ on the way)
+        if type(plain) is not torch.Tensor or not _movable(plain):
+            return NotImplemented
+        state = torch._utils._get_obj_state(obj)
+        return (_rebuild_from_type_v2, (_itself, kind, (plain,), state))
 
 
 def _itself(tensor: torch.Tensor) -> torch.Tensor:
