@@ -5,8 +5,9 @@ has it, else an already-unlinked file) whose descriptor it hands to the main pro
 slot has a name, so nothing is left in ``/dev/shm`` when a process dies, and ``/dev/shm``'s size
 limit (64 MiB in a default Docker container) does not apply. A batch's tensors and NumPy arrays
 are written into a slot (default collation stacks them there directly, so they are written once);
-only a small message travels through the pipe: the batch's structure, with each array replaced
-by where it lies in the slot. The main process copies the arrays out and hands the slot back.
+only a small message travels through the pipe: the batch pickled as torch's workers pickle it,
+with each array replaced by where it lies in the slot. The main process copies the arrays out
+and hands the slot back.
 """
 
 from __future__ import annotations
