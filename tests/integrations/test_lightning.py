@@ -87,3 +87,21 @@ def test_lightning_can_rebuild_a_distributed_loader():
         each.set_epoch(0)
         batches.append([b.tolist() for b in each])
     assert batches[0] == batches[1]
+
+
+def test_lightning_rebuilds_a_loader_made_outside_its_hooks_with_every_argument():
+    """Made outside Lightning's hooks, a loader is rebuilt from its attributes: each shardwise
+    argument is one."""
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    import shardwise
+
+    loader = shardwise.DataLoader(Indexed(), batch_size=4, num_workers=1, worker_type="thread",
+                                  device="cpu", progress=False, verify=False, seed=SEED,
+                                  snapshot_every_n_steps=5)
+    sampler = TorchSampler(Indexed(), num_replicas=2, rank=0, shuffle=False)
+    rebuilt = _update_dataloader(loader, sampler)
+    assert (rebuilt.worker_type, rebuilt.device, rebuilt.verify, rebuilt.seed,
+            rebuilt.snapshot_every_n_steps) == ("thread", "cpu", False, SEED, 5)
+    expected = DataLoader(Indexed(), 4, sampler=sampler)
+    assert [b.tolist() for b in rebuilt] == [b.tolist() for b in expected]

@@ -122,6 +122,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self.progress = progress
         self.verify = verify
         self.seed = seed
+        self.device = device  # as given: trainers that rebuild a loader (Lightning) read it back
         self._device = _cuda_device(device)
         self._pinning = pin_memory and _accelerator_available()
         self._resume: Resume | None = None
