@@ -201,7 +201,10 @@ copyreg.pickle(Registered, lambda tensor: (torch.tensor, (tensor.tolist(),)))
 
 def test_subclasses_that_wrap_tensors_or_pickle_their_own_way_keep_their_pickling():
     wrapper = TwoTensor(torch.zeros(3), torch.ones(3))  # __torch_dispatch__: its alias is one too
-    copy = round_trip({"wrapper": wrapper, "registered": torch.ones(2).as_subclass(Registered)})
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,))
+    copy = round_trip({"wrapper": wrapper, "registered": torch.ones(2).as_subclass(Registered),
+                       "sparse": sparse})
+    assert torch.equal(copy["sparse"].to_dense(), sparse.to_dense())  # pickled, as torch does
     assert type(copy["wrapper"]) is TwoTensor and copy["wrapper"].b.tolist() == [1.0] * 3
     assert type(copy["registered"]) is torch.Tensor  # as its reducer says, as pickle does
 

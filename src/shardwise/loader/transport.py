@@ -197,10 +197,11 @@ class _ArrayPickler(pickle.Pickler):
         # reducer registered, or wrap other tensors (``__torch_dispatch__``: DTensor, say).
         if (not isinstance(obj, torch.Tensor) or kind.__reduce_ex__ is not torch.Tensor.__reduce_ex__
                 or kind in copyreg.dispatch_table
-                or kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__):
+                or kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
+                or not _movable(obj)):  # (a sparse tensor has no plain alias)
             return NotImplemented
-        plain = obj.as_subclass(torch.Tensor)  # (no __torch_function__ on the way)
-        if type(plain) is not torch.Tensor or not _movable(plain):
+        plain = obj.as_subclass(torch.Tensor)
+        if type(plain) is not torch.Tensor:
             return NotImplemented
         state = torch._utils._get_obj_state(obj)
         return (_rebuild_from_type_v2, (_itself, kind, (plain,), state))
