@@ -202,8 +202,7 @@ class LoaderIterator(Iterator[Any]):
             self.record.next_worker = resume.next_worker % self._num_workers
             self.record.ended = [w for w in resume.ended if w < self._num_workers]
             if resume.within:
-                self.record.begun = (set(range(self._num_workers)) if resume.begun is None
-                                     else set(resume.begun))
+                self.record.begun = set(resume.begun)
         self._map = loader._dataset_kind == _DatasetKind.Map
         if resume is not None and self._map:  # later batches delivered already are passed over
             self.record.ahead = dict(resume.ahead)
@@ -272,8 +271,7 @@ class LoaderIterator(Iterator[Any]):
                 continue  # a resumed stream's batch, passed already (its error told then too)
             self._advance(count, worker, place)
             if states is not None and self.record.worker_states:
-                self.record.worker_states[worker] = states
-                self.record.begun.add(worker)
+                self.record.moved_on(worker, states)
                 if states.get("ended"):  # a short last batch ended its stream
                     self._note_end(worker, None)
             elif states is not None:  # from this process: its dataset is the one
@@ -299,8 +297,7 @@ class LoaderIterator(Iterator[Any]):
         if worker not in self.record.ended:
             self.record.ended.append(worker)
         if states is not None:
-            self.record.worker_states[worker] = states
-            self.record.begun.add(worker)
+            self.record.moved_on(worker, states)
 
     def _dropped(self) -> bool:
         """Whether this batch is one a resumed stream already delivered (and so is dropped)."""

@@ -109,6 +109,11 @@ class PassRecord:
     prefix_samples: int = 0
     ahead: dict[int, int] = field(default_factory=dict)
 
+    def moved_on(self, worker: int, states: dict[str, Any]) -> None:
+        """Keep ``worker``'s dataset states as they stand within this pass."""
+        self.worker_states[worker] = states
+        self.begun.add(worker)
+
     def past(self, place: int, count: int) -> None:
         """Note the batch at ``place`` in the pass (of ``count`` indices) as past."""
         if place == self.prefix and not self.ahead:  # in order, as nearly always
@@ -271,7 +276,7 @@ class Resume:
     next_worker: int  # the worker whose turn it is, when the resumed pass goes on as it was
     ended: list[int]  # the workers whose stream had ended, when it goes on as it was
     ahead: dict[int, int]  # a map dataset's later batches delivered already (place: indices)
-    begun: set[int] | None  # the workers whose states are from within the saved pass (None: all)
+    begun: set[int]  # the workers whose states are from within the saved pass
 
     @property
     def within(self) -> bool:
@@ -281,8 +286,7 @@ class Resume:
     def new_passes(self, workers: int) -> list[bool]:
         """For each worker, whether its saved states are from before the pass, so that it makes
         a new iterator after putting them back."""
-        return [not self.within or (self.begun is not None and worker not in self.begun)
-                for worker in range(workers)]
+        return [not self.within or worker not in self.begun for worker in range(workers)]
 
 
 def read_state(loader: Any, state: Any) -> Resume | None:
@@ -307,10 +311,10 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     if route == "iterable":  # states saved before "streams" was recorded are trusted
         _check_streams(state.get("streams", streams), streams, "was saved by a loader reading "
                        "its IterableDataset as", "each worker process reads its own share")
-    begun = state.get("begun")
+    begun = state.get("begun", range(streams))  # (a state saved before it was kept: all)
     turns = (int(state.get("next_worker", 0)), [int(w) for w in state.get("ended", [])],
              {int(place): int(count) for place, count in state.get("ahead", [])},
-             None if begun is None else {int(w) for w in begun})
+             {int(w) for w in begun})
     before = batches - len(turns[2])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
