@@ -212,3 +212,31 @@ def test_epochs_left_one_batch_short_leave_no_workers_or_threads(workers):
         time.sleep(0.3)
     assert multiprocessing.active_children() == []
     assert [t.name for t in set(threading.enumerate()) - threads if t.is_alive()] == []
+
+
+class Boxes(torch.Tensor):
+    """A tensor subclass with metadata, as torchvision's ``tv_tensors.BoundingBoxes``."""
+
+
+class WithBoxes(Nested):
+    def __getitem__(self, index: int) -> dict:
+        return {"index": index, "boxes": torch.full((2, 4), float(index))}
+
+
+def boxes_collate(samples: list[dict]) -> dict:
+    boxes = torch.stack([s["boxes"] for s in samples]).as_subclass(Boxes)
+    boxes.format = "XYXY"
+    return {"index": torch.tensor([s["index"] for s in samples]), "boxes": boxes}
+
+
+# Pinned in this process, a plain subclass loses its attributes in torch's ``pin_memory``
+# (``tv_tensors`` keep theirs); from a worker process it is pinned as a plain tensor in the slot.
+@pytest.mark.parametrize(("workers", "pin"), [(w, False) for w in WORKERS] + [(WORKERS[1], True)],
+                         ids=str)
+def test_a_tensor_subclass_keeps_its_type_and_attributes_on_the_gpu(workers, pin):
+    batches = list(DataLoader(WithBoxes(), batch_size=8, collate_fn=boxes_collate,
+                              pin_memory=pin, device="cuda", **workers))
+    assert all(type(b["boxes"]) is Boxes and b["boxes"].format == "XYXY" for b in batches)
+    assert all(b["boxes"].is_cuda for b in batches)
+    assert [b["boxes"][:, 0, 0].tolist() for b in batches] == [
+        b["index"].float().tolist() for b in batches]

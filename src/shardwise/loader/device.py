@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from shardwise.loader.transport import rewrap, subclass_parts
+
 
 class Background(Iterator[Any]):
     """Runs ``source`` in a thread, up to ``ahead`` items ahead of the caller.
@@ -118,8 +120,12 @@ class ToDevice(Iterator[tuple[Any, int]]):
 
 def _copy(batch: Any, device: torch.device, stream: torch.cuda.Stream) -> Any:
     """``batch`` with each tensor copied to ``device`` on ``stream``, into memory allocated on
-    the current stream."""
+    the current stream; a tensor subclass keeps its type and attributes."""
     if isinstance(batch, torch.Tensor):
+        parts = subclass_parts(batch) if type(batch) is not torch.Tensor or batch.__dict__ else None
+        if parts is not None:  # (``empty_like`` would drop its attributes, and often its type)
+            plain, kind, state = parts
+            return rewrap(_copy(plain, device, stream), kind, state)
         copied = torch.empty_like(batch, device=device)
         with torch.cuda.stream(stream):
             copied.copy_(batch, non_blocking=True)

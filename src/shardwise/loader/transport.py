@@ -192,19 +192,40 @@ class _ArrayPickler(pickle.Pickler):
         """A tensor subclass (torchvision's ``tv_tensors``, say), or a tensor with attributes of
         its own, rebuilt as torch rebuilds it, around its plain tensor: that one travels in the
         slot (pinned when asked) like any other."""
-        kind = type(obj)
-        # Left to their own pickling: subclasses that pickle themselves (Parameter), have a
-        # reducer registered, or wrap other tensors (``__torch_dispatch__``: DTensor, say).
-        if (not isinstance(obj, torch.Tensor) or kind.__reduce_ex__ is not torch.Tensor.__reduce_ex__
-                or kind in copyreg.dispatch_table
-                or kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
-                or not _movable(obj)):  # (a sparse tensor has no plain alias)
+        parts = subclass_parts(obj) if isinstance(obj, torch.Tensor) else None
+        if parts is None:
             return NotImplemented
-        plain = obj.as_subclass(torch.Tensor)
-        if type(plain) is not torch.Tensor:
-            return NotImplemented
-        state = torch._utils._get_obj_state(obj)
+        plain, kind, state = parts
         return (_rebuild_from_type_v2, (_itself, kind, (plain,), state))
+
+
+def subclass_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, type, Any] | None:
+    """``tensor`` as a plain tensor, its type and its state (attributes), from which
+    ``rewrap`` makes it again around a copy; ``None`` for a subclass that must keep its own
+    pickling and copying.
+
+    >>> class Boxes(torch.Tensor): pass
+    >>> boxes = torch.zeros(2).as_subclass(Boxes); boxes.format = "XYXY"
+    >>> plain, kind, state = subclass_parts(boxes)
+    >>> type(plain).__name__, kind.__name__, rewrap(plain.clone(), kind, state).format
+    ('Tensor', 'Boxes', 'XYXY')
+    """
+    kind = type(tensor)
+    # Left alone: subclasses that pickle themselves (Parameter), have a reducer registered,
+    # or wrap other tensors (``__torch_dispatch__``: DTensor, say).
+    if (kind.__reduce_ex__ is not torch.Tensor.__reduce_ex__ or kind in copyreg.dispatch_table
+            or kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
+            or not _movable(tensor)):  # (a sparse tensor has no plain alias)
+        return None
+    plain = tensor.as_subclass(torch.Tensor)
+    if type(plain) is not torch.Tensor:
+        return None
+    return plain, kind, torch._utils._get_obj_state(tensor)
+
+
+def rewrap(plain: torch.Tensor, kind: type, state: Any) -> torch.Tensor:
+    """``plain`` made a ``kind`` with ``state``, as unpickling makes it."""
+    return _rebuild_from_type_v2(_itself, kind, (plain,), state)
 
 
 def _itself(tensor: torch.Tensor) -> torch.Tensor:
