@@ -6,6 +6,8 @@ import pytest
 import torch.distributed as torch_dist
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
+from torch.utils.data import RandomSampler
 
 from shardwise.distributed.consistency import (
     InconsistentRanksError,
@@ -85,6 +87,8 @@ def _consistency_checks() -> dict:
     out["epoch"] = _outcome(forgot_epoch)
     out["world"] = _outcome(_sampler(rank, num_replicas=2, rank=min(rank, 1)))
     out["rank"] = _outcome(_sampler(rank, rank=0 if rank == 1 else rank))
+    torchs = TorchDistributedSampler(range(23 if rank else 24), seed=0)
+    out["torch"] = _outcome(torchs)
     return out
 
 
@@ -101,6 +105,12 @@ def test_every_rank_names_the_rank_that_differs():
     assert "rank 2's sampler has rank=1" in out["world"]
     assert "rank 1's sampler has rank=0" in out["rank"]
     assert out["seed"].startswith("samplers differ across ranks")
+    assert "rank 0 has size=24 where ranks 1, 2 have size=23" in out["torch"]
+
+
+def test_other_samplers_are_refused_by_name():
+    with pytest.raises(TypeError, match="not RandomSampler"):
+        check_consistent(RandomSampler(range(3)))
 
 
 class _NeedsTwoArguments(ValueError):

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 from shardwise import DataLoader, DistributedSampler, InconsistentRanksError, spawn_local
 
@@ -130,6 +131,42 @@ def test_ranks_whose_samplers_differ_are_stopped_at_the_first_epoch():
     assert spawn_local(_verify_on_every_rank, 2, [0, 0], timeout=100) == ["agreed"] * 2
     for message in spawn_local(_verify_on_every_rank, 2, [0, 1], timeout=100):
         assert "seed=1" in message and "seed=0" in message
+
+
+def _torch_sampler_on_every_rank(case: str) -> str:
+    """One loader over torch's DistributedSampler, set up as ``case`` says on rank 1."""
+    rank, odd = dist.get_rank(), case if dist.get_rank() == 1 else ""
+    sampler = TorchDistributedSampler(Rows(), seed=1 if odd == "seed" else 0)
+    sampler.set_epoch(0 if odd == "epoch" else 1)  # rank 1 forgot set_epoch
+    batch_size = 8 if odd == "batch_size" else 4
+    if case == "subgroup":  # two data-parallel groups of one rank, each reading all of it
+        sampler = TorchDistributedSampler(Rows(), num_replicas=1, rank=0)
+    try:
+        first = next(iter(DataLoader(Rows(), batch_size=batch_size, sampler=sampler)))
+    except InconsistentRanksError as error:
+        return str(error)
+    return f"rank {rank} agreed: {first['index'].tolist()}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("case", "expected"), [
+    ("seed", "rank 1 has seed=1 where rank 0 has seed=0"),
+    ("epoch", "rank 1 has epoch=0 where rank 0 has epoch=1"),
+    ("batch_size", "loaders batch differently across ranks, so they take different numbers of "
+                   "steps (a collective in one step would wait for a rank that has stopped): "
+                   "rank 1 has batch_size=8 where rank 0 has batch_size=4"),
+])
+def test_ranks_that_differ_over_torchs_distributed_sampler_are_stopped(case, expected):
+    for message in spawn_local(_torch_sampler_on_every_rank, 2, case, timeout=100):
+        assert expected in message
+
+
+@pytest.mark.timeout(120)
+def test_torchs_sampler_over_a_subgroup_or_agreeing_ranks_is_not_refused():
+    for case in ["none", "subgroup"]:
+        assert [m.split(":")[0] for m in spawn_local(_torch_sampler_on_every_rank, 2, case,
+                                                     timeout=100)] == ["rank 0 agreed",
+                                                                       "rank 1 agreed"]
 
 
 @pytest.mark.parametrize("worker_type", ["process", "thread"])

@@ -18,6 +18,8 @@ import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
+
 from shardwise.distributed.world import gather_objects, group_world
 
 T = TypeVar("T")
@@ -124,33 +126,64 @@ def disagreements(per_rank: Sequence[Mapping[str, Any]]) -> list[str]:
     return sentences
 
 
-def check_consistent(sampler: ConfiguredSampler, group: Any = None) -> None:
+def check_consistent(
+    sampler: ConfiguredSampler | TorchDistributedSampler, group: Any = None, *,
+    batching: Mapping[str, Any] | None = None,
+) -> None:
     """Raise :class:`InconsistentRanksError` on every rank unless all samplers agree.
 
     Compares ``sampler.config()`` and ``sampler.fingerprint()`` across the ranks of ``group``
     (one ``all_gather_object``), and checks that ``num_replicas`` is the group's size and each
-    sampler's ``rank`` its process's rank in the group.
+    sampler's ``rank`` its process's rank in the group. torch's ``DistributedSampler`` is
+    compared by its dataset's length, ``seed``, ``epoch``, ``shuffle``, ``drop_last`` and
+    ``num_replicas``. ``batching``: a loader's settings that fix how many steps each rank takes
+    (``batch_size``, ``drop_last``), compared in the same collective.
 
     >>> from shardwise import DistributedSampler
-    >>> check_consistent(DistributedSampler(7, num_replicas=1, rank=0))
+    >>> check_consistent(DistributedSampler(7, num_replicas=1, rank=0), batching={"batch_size": 2})
     """
     world, _ = group_world(group)
-    mine = {**sampler.config(), "fingerprint": int(sampler.fingerprint())}
-    per_rank = gather_objects((sampler.rank, mine), group)
-    problems = disagreements([fields for _, fields in per_rank])
+    mine = sampler_fields(sampler)
+    per_rank = gather_objects((sampler.rank, mine, dict(batching or {})), group)
+    problems = disagreements([fields for _, fields, _ in per_rank])
     problems += [f"rank {rank}'s sampler has rank={sampler_rank!r}"
-                 for rank, (sampler_rank, _) in enumerate(per_rank) if sampler_rank != rank]
-    for value, ranks in group_ranks([fields.get("num_replicas") for _, fields in per_rank]):
+                 for rank, (sampler_rank, _, _) in enumerate(per_rank) if sampler_rank != rank]
+    for value, ranks in group_ranks([fields.get("num_replicas") for _, fields, _ in per_rank]):
         if value != world:
             problems.append(f"{_ranks_have(ranks)} num_replicas={value!r} but the process group "
                             f"has {world} rank{'s' if world != 1 else ''}")
+    steps = disagreements([settings for _, _, settings in per_rank])
+    parts = []
     if problems:
+        parts.append("samplers differ across ranks, so their shares would overlap or leave gaps: "
+                     + "; ".join(problems))
+    if steps:
+        parts.append("loaders batch differently across ranks, so they take different numbers "
+                     "of steps (a collective in one step would wait for a rank that has "
+                     "stopped): " + "; ".join(steps))
+    if parts:
         raise InconsistentRanksError(
-            "samplers differ across ranks, so their shares would overlap or leave gaps: "
-            + "; ".join(problems)
-            + ". Build the sampler from the same arguments on every rank and call "
-            "set_epoch(epoch) on all of them."
+            ". ".join(parts) + ". Build the sampler and loader from the same arguments on every "
+            "rank and call set_epoch(epoch) on all of them."
         )
+
+
+def sampler_fields(sampler: ConfiguredSampler | TorchDistributedSampler) -> dict[str, Any]:
+    """What :func:`check_consistent` compares of ``sampler``.
+
+    >>> from torch.utils.data import DistributedSampler
+    >>> sampler_fields(DistributedSampler(range(10), num_replicas=2, rank=0, seed=3))
+    {'size': 10, 'seed': 3, 'epoch': 0, 'shuffle': True, 'drop_last': False, 'num_replicas': 2}
+    """
+    if callable(getattr(sampler, "config", None)) and callable(getattr(sampler, "fingerprint",
+                                                                       None)):
+        return {**sampler.config(), "fingerprint": int(sampler.fingerprint())}
+    if isinstance(sampler, TorchDistributedSampler):
+        return {"size": len(sampler.dataset), "seed": sampler.seed, "epoch": sampler.epoch,
+                "shuffle": sampler.shuffle, "drop_last": sampler.drop_last,
+                "num_replicas": sampler.num_replicas}
+    raise TypeError(f"check_consistent compares shardwise's samplers and torch's "
+                    f"DistributedSampler, not {type(sampler).__name__}")
 
 
 class _Missing:

@@ -44,8 +44,8 @@ class DataLoader(TorchDataLoader[T_co]):
       dies is reported with its exit code or signal at once; nothing is left behind.
     - ``device="cuda"`` copies the next batch on a side stream while you train on this one.
     - ``stats`` (throughput, time spent waiting for data), ``progress=True`` (a progress bar),
-      and, with a process group up, a check at each epoch that every rank's sampler agrees
-      (``verify=False`` to skip it).
+      and, with a process group up, a check at each epoch that every rank's sampler (shardwise's
+      or torch's ``DistributedSampler``) and batch size agree (``verify=False`` to skip it).
     - ``distributed=True`` builds a :class:`shardwise.DistributedSampler` from ``shuffle``,
       ``drop_last`` and ``seed``.
 
@@ -214,9 +214,11 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def _check_ranks(self) -> None:
         if self.verify and _group_size() > 1:
-            sampler = _configured_sampler(self)
+            sampler = _checked_sampler(self)
             if sampler is not None:
-                check_consistent(sampler)
+                check_consistent(sampler, batching={
+                    "batch_size": getattr(self.batch_sampler, "batch_size", self.batch_size),
+                    "drop_last": getattr(self.batch_sampler, "drop_last", self.drop_last)})
 
     def _on_pass_start(self, current: LoaderIterator) -> None:
         self._clock, self._record, self._loaded = current.clock, current.record, None
@@ -233,10 +235,15 @@ class DataLoader(TorchDataLoader[T_co]):
             self._bar = None
 
 
-def _configured_sampler(loader: DataLoader) -> Any | None:
+def _checked_sampler(loader: DataLoader) -> Any | None:
+    """The sampler the ranks must agree on: a shardwise sampler, or torch's DistributedSampler
+    split over the whole group (one split over a subgroup, as with tensor parallelism, where
+    several ranks read the same share, is not compared)."""
     for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         if callable(getattr(sampler, "config", None)) and callable(
                 getattr(sampler, "fingerprint", None)):
+            return sampler
+        if isinstance(sampler, TorchDistributedSampler) and sampler.num_replicas == _group_size():
             return sampler
     return None
 
