@@ -62,7 +62,7 @@ def test_agree_raises_a_rank_problem_first():
 
 def _sampler(process_rank: int, **change) -> DistributedSampler:
     """The same sampler on every rank, at epoch 2, but for the ``change``d options."""
-    options = dict(size=23, num_replicas=3, rank=process_rank, seed=0) | change
+    options = {"size": 23, "num_replicas": 3, "rank": process_rank, "seed": 0} | change
     sampler = DistributedSampler(options.pop("size"), **options)
     sampler.set_epoch(2)
     return sampler

@@ -152,9 +152,9 @@ def _torch_sampler_on_every_rank(case: str) -> str:
 @pytest.mark.parametrize(("case", "expected"), [
     ("seed", "rank 1 has seed=1 where rank 0 has seed=0"),
     ("epoch", "rank 1 has epoch=0 where rank 0 has epoch=1"),
-    ("batch_size", "loaders batch differently across ranks, so they take different numbers of "
+    ("batch_size", ("loaders batch differently across ranks, so they take different numbers of "
                    "steps (a collective in one step would wait for a rank that has stopped): "
-                   "rank 1 has batch_size=8 where rank 0 has batch_size=4"),
+                   "rank 1 has batch_size=8 where rank 0 has batch_size=4")),
 ])
 def test_ranks_that_differ_over_torchs_distributed_sampler_are_stopped(case, expected):
     for message in spawn_local(_torch_sampler_on_every_rank, 2, case, timeout=100):
