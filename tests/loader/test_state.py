@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardwise import DataLoader, DistributedSampler
+from shardwise.loader.position import StateMismatchError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -554,21 +555,46 @@ def test_a_state_saved_just_after_a_failed_batch_resumes_past_it(dataset, worker
     assert outcomes(iter(fresh)) == rest
 
 
-@pytest.mark.parametrize("dataset, workers, match", [
-    (Stream, 0, "as 2 worker processes but this loader has one stream .* num_workers=2"),
-    (StatefulNoisy, 3, ("own state for 2 worker processes but this loader has 3 worker "
-                        "processes.* num_workers=2")),
+@pytest.mark.parametrize("dataset, saved, workers, match", [
+    (Stream, 2, 0, "as 2 worker processes, each reading its own share, but this loader has one "
+                   "stream .* num_workers=2"),
+    (StatefulNoisy, 2, 3, "with 2 worker processes, each with its own copy of the Stateful "
+                          "dataset's state, but this loader has 3 worker processes.* num_workers=2"),
+    (StatefulNoisy, 0, 2, "with one stream .* but this loader has 2 worker processes.* "
+                          r"num_workers=0 \(or thread workers\)"),
 ])
-def test_a_state_with_worker_streams_resumes_only_on_as_many_worker_processes(dataset, workers,
-                                                                              match):
-    # A stream's shares, or a Stateful dataset's states, are each worker's own.
-    loader = DataLoader(dataset(), batch_size=2, num_workers=2)
+@pytest.mark.parametrize("delivered", [0, 1])
+def test_a_state_with_worker_streams_resumes_only_on_as_many_worker_processes(
+        dataset, saved, workers, match, delivered):
+    # A stream's shares, or a Stateful dataset's states, are each worker's own: refused as the
+    # pass begins, as torchdata refuses it (an AssertionError too), whether or not the saved pass
+    # had delivered anything; the state stays loaded for a loader mended in place.
+    loader = DataLoader(dataset(), batch_size=2, num_workers=saved)
     iterator = iter(loader)
-    next(iterator)
+    for _ in range(delivered):
+        next(iterator)
     state = loader.state_dict()
     del iterator
-    with pytest.raises(ValueError, match=match):
-        DataLoader(dataset(), batch_size=2, num_workers=workers).load_state_dict(state)
+    resumed = DataLoader(dataset(), batch_size=2, num_workers=workers)
+    resumed.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=match) as error:
+        iter(resumed)
+    assert isinstance(error.value, ValueError) and isinstance(error.value, AssertionError)
+    resumed.num_workers, resumed.prefetch_factor = saved, 2 if saved else None  # (as torch's)
+    fresh = DataLoader(dataset(), batch_size=2, num_workers=saved)
+    fresh.load_state_dict(state)
+    assert len(list(resumed)) == len(list(fresh))
+
+
+def test_a_state_of_a_map_dataset_without_a_state_of_its_own_resumes_on_any_workers():
+    loader = DataLoader(list(range(20)), batch_size=2, shuffle=True, num_workers=2)
+    iterator = iter(loader)
+    taken = [next(iterator).tolist() for _ in range(3)]
+    state = loader.state_dict()
+    rest = [b.tolist() for b in iterator]
+    resumed = DataLoader(list(range(20)), batch_size=2, shuffle=True)
+    resumed.load_state_dict(state)
+    assert taken and [b.tolist() for b in resumed] == rest
 
 
 class Shares(IterableDataset):

@@ -209,6 +209,8 @@ class DataLoader(TorchDataLoader[T_co]):
     # -- hooks the iterator calls ----------------------------------------------------------------
 
     def _take_resume(self) -> Resume | None:
+        if self._resume is not None:  # refused before it is taken: a loader mended can resume
+            self._resume.check_streams(self)
         resume, self._resume = self._resume, None
         return resume
 

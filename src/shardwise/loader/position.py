@@ -191,8 +191,7 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
                           for place, count in sorted(record.ahead.items())]
     if record.route == "sampler" and not loader.in_order:  # its places are this rank's own
         state["ahead_of"] = _rank_of(sampler)
-    if record.route == "iterable":
-        state["streams"] = worker_streams(loader)
+    state["streams"] = worker_streams(loader)
     # Copies: the pass goes on changing its record.
     if record.dataset_states:
         state["dataset_states"] = dict(record.dataset_states)
@@ -261,6 +260,11 @@ def _route(loader: Any, sampler: Any | None) -> str:
     return "replay"
 
 
+class StateMismatchError(ValueError, AssertionError):
+    """A saved state that this loader cannot resume (an ``AssertionError`` too, as torchdata's
+    ``StatefulDataLoader`` raises one)."""
+
+
 @dataclass(frozen=True)
 class Resume:
     """What the next pass must do to continue a saved one."""
@@ -277,11 +281,31 @@ class Resume:
     ended: list[int]  # the workers whose stream had ended, when it goes on as it was
     ahead: dict[int, int]  # a map dataset's later batches delivered already (place: indices)
     begun: set[int]  # the workers whose states are from within the saved pass
+    iterable: bool  # read from an IterableDataset (a stream, not a sampler's indices)
+    streams: int | None  # the worker processes it needs: a stream's shares or a Stateful
+    # dataset's states are each worker's own (None: any number)
 
     @property
     def within(self) -> bool:
         """Whether the saved pass had delivered anything (else the resume begins a pass)."""
         return self.resumed_batches > 0 or bool(self.ahead)
+
+    def check_streams(self, loader: Any) -> None:
+        """Refuse to resume on another number of worker processes than the state needs (checked
+        as a pass begins, since ``num_workers`` may be set after the state is loaded)."""
+        streams = worker_streams(loader)
+        if self.streams is None or self.streams == streams:
+            return
+        if self.iterable:
+            saved = (f"was saved by a loader reading its IterableDataset as "
+                     f"{_streams(self.streams)}, each reading its own share,")
+        else:
+            saved = (f"was saved with {_streams(self.streams)}, each with its own copy of the "
+                     "Stateful dataset's state,")
+        raise StateMismatchError(
+            f"the state {saved} but this loader has {_streams(streams)}: build it with "
+            + (f"num_workers={self.streams} worker processes" if self.streams
+               else "num_workers=0 (or thread workers)"))
 
     def new_passes(self, workers: int) -> list[bool]:
         """For each worker, whether its saved states are from before the pass, so that it makes
@@ -304,17 +328,16 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     seed = None if state["base_seed"] is None else int(state["base_seed"])
     datasets = dict(state.get("dataset_states") or {})
     workers = list(state.get("worker_states") or [])
-    streams = worker_streams(loader)
-    if workers or datasets:  # a Stateful dataset's states fit only the copies they came from
-        _check_streams(len(workers), streams, "holds a Stateful dataset's own state for",
-                       "each copy resumes from its own state")
-    if route == "iterable":  # states saved before "streams" was recorded are trusted
-        _check_streams(state.get("streams", streams), streams, "was saved by a loader reading "
-                       "its IterableDataset as", "each worker process reads its own share")
-    begun = state.get("begun", range(streams))  # (a state saved before it was kept: all)
+    # A stream's shares, and a Stateful dataset's states, fit only the copies they came from
+    # (a state saved before "streams" was recorded names its workers by their states, if any).
+    # A state saved before "begun" was recorded has every worker begun.
+    streams = state.get("streams", len(workers) if workers or datasets else None)
+    bound = streams is not None and (route == "iterable" or bool(workers or datasets)
+                                   or keeps_states(loader.dataset))
+    begun = state.get("begun", range(worker_streams(loader) if streams is None else streams))
     turns = (int(state.get("next_worker", 0)), [int(w) for w in state.get("ended", [])],
              {int(place): int(count) for place, count in state.get("ahead", [])},
-             {int(w) for w in begun})
+             {int(w) for w in begun}, route == "iterable", int(streams) if bound else None)
     before = batches - len(turns[2])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
@@ -325,7 +348,7 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 f"this is rank {this[0]} of {this[1]}, whose batches came in another order, so "
                 "its resume may repeat or skip a few: resume each rank from its own state, or "
                 "use in_order=True", stacklevel=3)
-            turns = (*turns[:2], {}, turns[3])  # the other rank's early batches are not ours
+            turns = (*turns[:2], {}, *turns[3:])  # the other rank's early batches are not ours
         return Resume(0, before, {}, seed, drew, datasets, workers, *turns)
     randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
                   for name, s in state.get("randomness", {}).items()}
@@ -335,16 +358,6 @@ def read_state(loader: Any, state: Any) -> Resume | None:
 def _rank_of(sampler: Any) -> list[Any]:
     """The rank and world size a sampler splits for (as a state records them)."""
     return [getattr(sampler, "rank", None), getattr(sampler, "num_replicas", None)]
-
-
-def _check_streams(saved: int, streams: int, what: str, why: str) -> None:
-    """Refuse a state taken with another number of worker processes, naming both counts."""
-    if saved != streams:
-        raise ValueError(
-            f"the state {what} {_streams(saved)} but this loader has {_streams(streams)}: "
-            f"{why}, so build the loader with "
-            + (f"num_workers={saved} worker processes" if saved
-               else "num_workers=0 (or thread workers)"))
 
 
 def _streams(count: int) -> str:
