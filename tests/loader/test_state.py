@@ -556,12 +556,12 @@ def test_a_state_saved_just_after_a_failed_batch_resumes_past_it(dataset, worker
 
 
 @pytest.mark.parametrize("dataset, saved, workers, match", [
-    (Stream, 2, 0, "as 2 worker processes, each reading its own share, but this loader has one "
-                   "stream .* num_workers=2"),
-    (StatefulNoisy, 2, 3, "with 2 worker processes, each with its own copy of the Stateful "
-                          "dataset's state, but this loader has 3 worker processes.* num_workers=2"),
-    (StatefulNoisy, 0, 2, "with one stream .* but this loader has 2 worker processes.* "
-                          r"num_workers=0 \(or thread workers\)"),
+    (Stream, 2, 0, ("as 2 worker processes, each reading its own share, but this loader has one "
+                   "stream .* num_workers=2")),
+    (StatefulNoisy, 2, 3, ("with 2 worker processes, each with its own copy of the Stateful "
+                          "dataset's state, but this loader has 3 worker processes.* num_workers=2")),
+    (StatefulNoisy, 0, 2, ("with one stream .* but this loader has 2 worker processes.* "
+                          r"num_workers=0 \(or thread workers\)")),
 ])
 @pytest.mark.parametrize("delivered", [0, 1])
 def test_a_state_with_worker_streams_resumes_only_on_as_many_worker_processes(
