@@ -142,7 +142,8 @@ def _torch_sampler_on_every_rank(case: str) -> str:
     if case == "subgroup":  # two data-parallel groups of one rank, each reading all of it
         sampler = TorchDistributedSampler(Rows(), num_replicas=1, rank=0)
     try:
-        first = next(iter(DataLoader(Rows(), batch_size=batch_size, sampler=sampler)))
+        first = next(iter(DataLoader(Rows(), batch_size=batch_size, sampler=sampler,
+                                     verify=True)))
     except InconsistentRanksError as error:
         return str(error)
     return f"rank {rank} agreed: {first['index'].tolist()}"
@@ -167,6 +168,25 @@ def test_torchs_sampler_over_a_subgroup_or_agreeing_ranks_is_not_refused():
         assert [m.split(":")[0] for m in spawn_local(_torch_sampler_on_every_rank, 2, case,
                                                      timeout=100)] == ["rank 0 agreed",
                                                                        "rank 1 agreed"]
+
+
+def _one_rank_alone() -> list[int]:
+    sampler = TorchDistributedSampler(Rows(), shuffle=False)
+    taken = []
+    if dist.get_rank() == 0:  # a look at a few batches, on one rank only
+        taken = next(iter(DataLoader(Rows(), batch_size=4, sampler=sampler)))["index"].tolist()
+    dist.barrier()
+    return taken
+
+
+@pytest.mark.timeout(120)
+def test_by_default_torchs_sampler_is_left_alone_so_one_rank_may_iterate_alone():
+    assert spawn_local(_one_rank_alone, 2, timeout=60) == [[0, 2, 4, 6], []]
+
+
+def test_verify_is_none_true_or_false():
+    with pytest.raises(TypeError, match="verify must be None, True or False, got 'yes'"):
+        DataLoader(Rows(), verify="yes")
 
 
 @pytest.mark.parametrize("worker_type", ["process", "thread"])

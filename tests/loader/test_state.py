@@ -9,10 +9,11 @@ from itertools import islice
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampler, get_worker_info
+from torch.utils.data import DataLoader as TorchLoader
 
 from shardwise import DataLoader, DistributedSampler
-from shardwise.loader.position import StateMismatchError
+from shardwise.loader.position import StateMismatchError, stateful
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -782,3 +783,54 @@ def test_a_short_last_batch_ends_its_stream_for_a_resume_too(workers, stop_after
     whole, resumed = json_interrupted(
         lambda: DataLoader(Shares(), batch_size=2, num_workers=workers), stop_after)
     assert resumed == whole
+
+
+class SkippingBatches(BatchSampler):
+    """As accelerate's SkipBatchSampler: a BatchSampler subclass without a ``sampler``."""
+
+    def __init__(self, batches: BatchSampler, skip: int) -> None:
+        self.batches, self.skip = batches, skip
+
+    def __iter__(self):
+        return islice(iter(self.batches), self.skip, None)
+
+    def __len__(self) -> int:
+        return len(self.batches) - self.skip
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_sampler_without_a_sampler_resumes_as_it_loads(workers):
+    def make():
+        return DataLoader(range(16), batch_sampler=SkippingBatches(
+            BatchSampler(RandomSampler(range(16)), 3, False), 1), num_workers=workers)
+
+    torch.manual_seed(5)
+    loader = make()
+    iterator = iter(loader)
+    taken = [next(iterator).tolist() for _ in range(2)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b.tolist() for b in iterator]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest
+    torch.manual_seed(5)
+    assert taken + rest == [b.tolist() for b in TorchLoader(range(16), batch_sampler=SkippingBatches(
+        BatchSampler(RandomSampler(range(16)), 3, False), 1), num_workers=workers)]
+
+
+def test_a_state_saved_with_random_states_as_lists_still_resumes():
+    loader = DataLoader(range(20), batch_size=3, shuffle=True)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    rest = [b.tolist() for b in iterator]
+    state["randomness"] = {name: list(bytes.fromhex(hex_state))  # as states were saved before
+                           for name, hex_state in state["randomness"].items()}
+    resumed = DataLoader(range(20), batch_size=3, shuffle=True)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest
+
+
+def test_a_class_is_not_a_stateful_dataset():
+    # accelerate's loader unpickles through a loader whose dataset is a class
+    assert not stateful(StatefulNoisy) and stateful(StatefulNoisy())

@@ -44,8 +44,10 @@ class DataLoader(TorchDataLoader[T_co]):
       dies is reported with its exit code or signal at once; nothing is left behind.
     - ``device="cuda"`` copies the next batch on a side stream while you train on this one.
     - ``stats`` (throughput, time spent waiting for data), ``progress=True`` (a progress bar),
-      and, with a process group up, a check at each epoch that every rank's sampler (shardwise's
-      or torch's ``DistributedSampler``) and batch size agree (``verify=False`` to skip it).
+      and, with a process group up, a check at each epoch that every rank's shardwise sampler
+      and batch size agree (one collective as each pass begins, so every rank iterates the
+      loader). ``verify=True`` checks torch's ``DistributedSampler`` too, which by default is
+      left alone as torch leaves it (a loop on one rank stays possible); ``False`` skips it.
     - ``distributed=True`` builds a :class:`shardwise.DistributedSampler` from ``shuffle``,
       ``drop_last`` and ``seed``.
 
@@ -55,6 +57,17 @@ class DataLoader(TorchDataLoader[T_co]):
         >>> [batch.tolist() for batch in loader]
         [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     """
+
+    # Where passes stand, set as they run (class defaults: a subclass with an __init__ of its
+    # own, as torchdata's StatefulDataLoader has, still works).
+    _resume: Resume | None = None
+    _loaded: dict[str, Any] | None = None
+    _record: PassRecord | None = None
+    _clock: Clock | None = None
+    _workers: Workers | None = None  # persistent workers, between passes
+    _pass: weakref.ref[LoaderIterator] | None = None  # the pass on them, if still alive
+    _bar: EpochBar | None = None
+    _datapipe_group: Any = None  # the gloo group a datapipe's shared seed is sent over
 
     def __init__(
         self,
@@ -79,7 +92,7 @@ class DataLoader(TorchDataLoader[T_co]):
         worker_type: str = "process",
         device: str | torch.device | None = None,
         progress: bool = False,
-        verify: bool = True,
+        verify: bool | None = None,
         distributed: bool = False,
         seed: int = 0,
         snapshot_every_n_steps: int | None = 1,
@@ -120,19 +133,13 @@ class DataLoader(TorchDataLoader[T_co]):
             raise TypeError(f"generator must be a torch.Generator, got {generator!r}")
         self.worker_type = worker_type
         self.progress = progress
+        if verify is not None and not isinstance(verify, bool):
+            raise TypeError(f"verify must be None, True or False, got {verify!r}")
         self.verify = verify
         self.seed = seed
         self.device = device  # as given: trainers that rebuild a loader (Lightning) read it back
         self._device = _cuda_device(device)
         self._pinning = pin_memory and _accelerator_available()
-        self._resume: Resume | None = None
-        self._loaded: dict[str, Any] | None = None
-        self._record: PassRecord | None = None
-        self._clock: Clock | None = None
-        self._workers: Workers | None = None  # persistent workers, between passes
-        self._pass: weakref.ref[LoaderIterator] | None = None  # the pass on them, if still alive
-        self._bar: EpochBar | None = None
-        self._datapipe_group: Any = None  # the gloo group a datapipe's shared seed is sent over
 
     # -- iteration -------------------------------------------------------------------------------
 
@@ -215,8 +222,8 @@ class DataLoader(TorchDataLoader[T_co]):
         return resume
 
     def _check_ranks(self) -> None:
-        if self.verify and _group_size() > 1:
-            sampler = _checked_sampler(self)
+        if self.verify is not False and _group_size() > 1:
+            sampler = _checked_sampler(self, torch_samplers=self.verify is True)
             if sampler is not None:
                 check_consistent(sampler, batching={
                     "batch_size": getattr(self.batch_sampler, "batch_size", self.batch_size),
@@ -237,15 +244,16 @@ class DataLoader(TorchDataLoader[T_co]):
             self._bar = None
 
 
-def _checked_sampler(loader: DataLoader) -> Any | None:
-    """The sampler the ranks must agree on: a shardwise sampler, or torch's DistributedSampler
-    split over the whole group (one split over a subgroup, as with tensor parallelism, where
-    several ranks read the same share, is not compared)."""
+def _checked_sampler(loader: DataLoader, torch_samplers: bool) -> Any | None:
+    """The sampler the ranks must agree on: a shardwise sampler, or (``torch_samplers``) torch's
+    DistributedSampler split over the whole group (one split over a subgroup, as with tensor
+    parallelism, where several ranks read the same share, is not compared)."""
     for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         if callable(getattr(sampler, "config", None)) and callable(
                 getattr(sampler, "fingerprint", None)):
             return sampler
-        if isinstance(sampler, TorchDistributedSampler) and sampler.num_replicas == _group_size():
+        if (torch_samplers and isinstance(sampler, TorchDistributedSampler)
+                and sampler.num_replicas == _group_size()):
             return sampler
     return None
 

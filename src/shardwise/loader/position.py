@@ -38,7 +38,8 @@ def resumable_sampler(loader: Any) -> Any | None:
     """The sampler whose own state can place the loader: one with ``state_dict(consumed=...)``."""
     candidates = [loader.sampler]
     if isinstance(loader.batch_sampler, BatchSampler):
-        candidates.append(loader.batch_sampler.sampler)
+        # (a subclass need not have one: accelerate's skipping and sharding batch samplers)
+        candidates.append(getattr(loader.batch_sampler, "sampler", None))
     for sampler in candidates:
         if callable(getattr(sampler, "state_dict", None)) and hasattr(sampler, "fingerprint"):
             return sampler
@@ -185,7 +186,9 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     if record.route == "sampler":
         state["sampler"] = sampler.state_dict(consumed=record.prefix_samples)
     else:
-        state["randomness"] = {name: s.tolist() for name, s in record.randomness.items()}
+        # As hex: a generator's state is 5 KB, which as a list of numbers took 25 µs a state.
+        state["randomness"] = {name: s.numpy().tobytes().hex()
+                               for name, s in record.randomness.items()}
     if record.ahead:
         state["ahead"] = [[place - record.prefix, count]
                           for place, count in sorted(record.ahead.items())]
@@ -209,8 +212,8 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
 
 def stateful(thing: Any) -> bool:
     """Whether ``thing`` keeps a state of its own (torchdata's ``Stateful`` protocol)."""
-    return callable(getattr(thing, "state_dict", None)) and callable(
-        getattr(thing, "load_state_dict", None))
+    return not isinstance(thing, type) and callable(getattr(thing, "state_dict", None)) and \
+        callable(getattr(thing, "load_state_dict", None))  # (a class has them unbound)
 
 
 def keeps_states(dataset: Any, iterator: Any = None) -> bool:
@@ -350,9 +353,15 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 "use in_order=True", stacklevel=3)
             turns = (*turns[:2], {}, *turns[3:])  # the other rank's early batches are not ours
         return Resume(0, before, {}, seed, drew, datasets, workers, *turns)
-    randomness = {name: torch.as_tensor(s, dtype=torch.uint8)
-                  for name, s in state.get("randomness", {}).items()}
+    randomness = {name: _random_state(s) for name, s in state.get("randomness", {}).items()}
     return Resume(before, before, randomness, seed, drew, datasets, workers, *turns)
+
+
+def _random_state(saved: str | list[int]) -> torch.Tensor:
+    """A generator's state as saved: hex, or a list of byte values (states saved before)."""
+    if isinstance(saved, str):
+        return torch.frombuffer(bytearray.fromhex(saved), dtype=torch.uint8)
+    return torch.as_tensor(saved, dtype=torch.uint8)
 
 
 def _rank_of(sampler: Any) -> list[Any]:
