@@ -170,7 +170,7 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         warnings.warn("in_order=False delivered an IterableDataset's batches out of order: the "
                       "state counts the batches delivered, so a resume may repeat or skip a "
                       "few; pass in_order=True for an exact resume", stacklevel=3)
-    # Plain numbers, strings and lists (and a Stateful dataset's own state), so that json can write it.
+    # Plain numbers, strings and lists (and a Stateful dataset's own state): json can write it.
     # A map dataset's pass resumes after its first batches that are all past, passing over the
     # later ones delivered already.
     batches = record.resumed_batches + (record.batches if record.route == "iterable"
