@@ -355,3 +355,19 @@ def test_a_failing_worker_init_fn_is_raised_as_torch_raises_it(persistent):
 
     assert outcome(DataLoader) == outcome(TorchLoader)
     assert outcome(DataLoader)[0] == "Caught ValueError in DataLoader worker process 0."
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_failing_worker_init_fn_is_raised_by_iter_as_torchdata_raises_it(persistent):
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=2, worker_init_fn=_failing_init,
+                        persistent_workers=persistent)
+    before = set(_children())  # (an earlier test's persistent workers may be there)
+    with pytest.raises(ValueError, match="worker 0 cannot start"):
+        iter(loader)  # every worker has reported: the lowest one's error
+    if not persistent:
+        assert set(_children()) - before == set()  # stopped at once
+    else:  # they go on to the next pass, as torch's do
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        del loader
+        gc.collect()  # (the error's traceback held the loader)
+        assert set(_children()) - before == set()

@@ -185,6 +185,8 @@ class LoaderIterator(Iterator[Any]):
                 new_passes = (resume.new_passes(self._num_workers) if resume is not None
                               else [True] * self._num_workers)
                 self._pool = self._start_pool(self.record.worker_states, new_passes, restored)
+                if self._processes:
+                    self._wait_started()
                 if self._processes:  # torch draws (and drops) one more after starting them
                     draw_shared_seed(loader)
             elif any(carried := self._pool.new_epoch(self._shared_seed)):
@@ -238,6 +240,16 @@ class LoaderIterator(Iterator[Any]):
         if loader.persistent_workers:
             loader._workers = self._pool_owner
         return pool
+
+    def _wait_started(self) -> None:
+        """Raise a failed ``worker_init_fn`` here, at ``iter()``. The workers of this pass stop;
+        persistent ones go on to the next pass, as torch's do."""
+        try:
+            self._pool.wait_started(self._loader.timeout or None)
+        except BaseException:
+            if self._loader._workers is not self._pool_owner:
+                self._pool_owner.close()
+            raise
 
     def _stage(self, stage: Any) -> Any:
         self._stages.append(stage)

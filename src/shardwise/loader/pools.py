@@ -135,6 +135,7 @@ class ProcessPool:
                  ) -> None:
         """``states``: each worker's dataset's to resume from, then on a new pass or not."""
         self.num_workers, self.pin = spec.num_workers, pin
+        self._reporting_start = spec.init_fn is not None  # each worker says it ran init_fn
         self._pid = os.getpid()
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
@@ -220,7 +221,26 @@ class ProcessPool:
             return Event("end", message[1], worker, states=message[2])
         if kind == "epoch":
             return Event("epoch", message[1], worker, states=message[2])
+        if kind == "started":
+            return Event("started", -1, worker, message[1])
         raise AssertionError(f"unexpected message {kind!r} from DataLoader worker {worker}")
+
+    def wait_started(self, timeout: float | None) -> None:
+        """Wait until every worker has run its init function (``worker_init_fn``), then raise
+        the lowest failed worker's error, so that ``iter()`` raises it, as torchdata's loader
+        does (every report is read: none is left in a persistent worker's pipe)."""
+        waiting = set(range(self.num_workers)) if self._reporting_start else set()
+        failures = {}
+        while waiting:
+            event = self.receive(timeout)
+            if event is None:
+                raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for "
+                                   f"worker processes {sorted(waiting)} to start")
+            waiting.discard(event.worker)
+            if event.payload is not None:
+                failures[event.worker] = event.payload
+        if failures:
+            failures[min(failures)].reraise()
 
     def new_epoch(self, shared_seed: int | None) -> list[dict[str, Any] | None]:
         """Persistent workers: drop what is still in flight and start the dataset afresh.

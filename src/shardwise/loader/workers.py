@@ -157,6 +157,11 @@ class _ProcessWorker:
                 self.fetcher.ended = True
         except Exception:  # noqa: BLE001 - reported with the first task, as torch does
             self.init_failure = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+        if spec.init_fn is not None:  # the main process waits for this, as torchdata's does
+            # A failure is raised there at once; a persistent worker then makes its fetcher at
+            # the next epoch, as torch's does.
+            send(conn, ("started", self.init_failure))
+            self.init_failure = None
 
     def _new_fetcher(self) -> None:
         self.fetcher = _DatasetKind.create_fetcher(self.spec.kind, self.spec.dataset,
