@@ -105,3 +105,53 @@ def test_lightning_rebuilds_a_loader_made_outside_its_hooks_with_every_argument(
             rebuilt.snapshot_every_n_steps) == ("thread", "cpu", False, SEED, 5)
     expected = DataLoader(Indexed(), 4, sampler=sampler)
     assert [b.tolist() for b in rebuilt] == [b.tolist() for b in expected]
+
+
+class Fitting(lightning.LightningModule):
+    """A model fed by a shardwise loader with persistent workers."""
+
+    def __init__(self, worker_type: str) -> None:
+        super().__init__()
+        self.layer, self.worker_type = torch.nn.Linear(1, 1), worker_type
+
+    def train_dataloader(self):
+        import shardwise
+
+        return shardwise.DataLoader(Indexed(), batch_size=4, num_workers=2,
+                                    persistent_workers=True, worker_type=self.worker_type)
+
+    def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_lightning_shuts_persistent_workers_down_when_fit_ends(tmp_path, worker_type):
+    import multiprocessing
+    import threading
+
+    threads = set(threading.enumerate())
+    trainer = lightning.Trainer(
+        accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )
+    trainer.fit(Fitting(worker_type))
+    assert multiprocessing.active_children() == []
+    assert [t.name for t in set(threading.enumerate()) - threads if t.is_alive()] == []
+
+
+def test_a_combined_loader_in_use_pickles_without_its_iterator():
+    import pickle
+
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    import shardwise
+
+    combined = CombinedLoader([shardwise.DataLoader(Indexed(), batch_size=4), list(range(3))])
+    iter(combined)
+    restored = pickle.loads(pickle.dumps(combined))
+    assert [b.tolist() for b in restored.flattened[0]] == [b.tolist() for b in
+                                                           DataLoader(Indexed(), batch_size=4)]

@@ -173,6 +173,22 @@ class DataLoader(TorchDataLoader[T_co]):
         # keeps the loader; here the loader keeps only the workers, so no cycle outlives a pass.
         return self._get_iterator()
 
+    @property
+    def _iterator(self) -> LoaderIterator | None:
+        """Where torch keeps the pass on persistent workers: here the live one, if any."""
+        return self._pass() if self._pass is not None else None
+
+    @_iterator.setter
+    def _iterator(self, value: None) -> None:
+        # Trainers (Lightning, at the end of fit) shut persistent workers down by setting it to
+        # None, as torch's own __init__ sets it: here that stops them.
+        if value is not None:
+            raise TypeError("shardwise.DataLoader keeps no iterator of torch's: iterate it "
+                                 "with iter(loader)")
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
     def __len__(self) -> int:
         """Batches in the epoch; a pass resumed mid-epoch yields only those still to come."""
         return super().__len__() + resumed_batches(self, self._resume, self._record)

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
-from torch.utils.data.dataloader import _DatasetKind
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from shardwise.loader.datapipes import draw_shared_seed, shard_for_rank, sharding_init_fn
 from shardwise.loader.device import Background, ToDevice, detached
@@ -59,8 +59,12 @@ class _Failed:
         raise self.error
 
 
-class LoaderIterator(Iterator[Any]):
-    """What ``iter(loader)`` returns: one pass, on the loader's persistent workers or its own."""
+class LoaderIterator(_BaseDataLoaderIter):
+    """What ``iter(loader)`` returns: one pass, on the loader's persistent workers or its own.
+
+    A torch ``_BaseDataLoaderIter`` by type only, for trainers that look for one (Lightning
+    leaves such iterators out when it pickles a loader it combines); none of its machinery runs.
+    """
 
     def __init__(self, loader: Any, workers: Workers | None = None) -> None:
         self._loader = loader
