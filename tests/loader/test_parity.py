@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset, IterableDataset, RandomSampler, get_worker_info
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from shardwise import DataLoader
 
@@ -221,3 +222,29 @@ def test_an_iterable_dataset_past_its_length_warns_as_torchs(workers):
 def test_other_start_methods_give_the_same_batches(method):
     options = {"batch_size": 4, "num_workers": 2, "multiprocessing_context": method}
     assert epochs(DataLoader, Augmented(), **options) == epochs(TorchLoader, Augmented(), **options)
+
+
+class TorchIterating(DataLoader):
+    """A subclass whose own ``_get_iterator`` makes torch's iterator (as Lightning's tests do)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.made = 0
+
+    def _get_iterator(self):
+        self.made += 1
+        return _MultiProcessingDataLoaderIter(self)
+
+
+def test_a_subclass_iterator_on_persistent_workers_is_kept_and_restarted_as_torch_keeps_it():
+    loader = TorchIterating(list(range(6)), batch_size=2, num_workers=1, persistent_workers=True)
+    first = iter(loader)
+    batches = [b.tolist() for b in first]
+    second = iter(loader)
+    assert second is first and loader._iterator is first and loader.made == 1
+    assert [b.tolist() for b in second] == batches == [[0, 1], [2, 3], [4, 5]]
+    loader._iterator._shutdown_workers()  # as Lightning shuts it down, then lets it go
+    loader._iterator = None
+    assert loader._iterator is None and [b.tolist() for b in loader] == batches
+    assert loader.made == 2
+    loader._iterator._shutdown_workers()

@@ -165,27 +165,36 @@ class DataLoader(TorchDataLoader[T_co]):
         """A copy (``copy.deepcopy``, pickling) is the same loader, at the same place, with no
         workers or pass of its own: it starts its own when iterated."""
         state = self.__dict__.copy()
-        state.update(_workers=None, _pass=None, _bar=None, _datapipe_group=None)
+        state.update(_workers=None, _pass=None, _kept=None, _bar=None, _datapipe_group=None)
         return state
 
     def __iter__(self) -> LoaderIterator:
         # Not torch's: it keeps the iterator to reuse persistent workers, and the iterator
         # keeps the loader; here the loader keeps only the workers, so no cycle outlives a pass.
-        return self._get_iterator()
+        kept = self.__dict__.get("_kept")
+        if kept is not None:  # a subclass's own iterator on persistent workers, as torch's
+            kept._reset(self)
+            return kept
+        iterator = self._get_iterator()
+        if self.persistent_workers and self.num_workers > 0:
+            self._iterator = iterator
+        return iterator
 
     @property
-    def _iterator(self) -> LoaderIterator | None:
-        """Where torch keeps the pass on persistent workers: here the live one, if any."""
+    def _iterator(self) -> Any:
+        """Where torch keeps the iterator of persistent workers: here the live pass on them, or
+        the iterator a subclass's ``_get_iterator`` made instead, kept and restarted as torch's."""
+        kept = self.__dict__.get("_kept")
+        if kept is not None:
+            return kept
         return self._pass() if self._pass is not None else None
 
     @_iterator.setter
-    def _iterator(self, value: None) -> None:
-        # Trainers (Lightning, at the end of fit) shut persistent workers down by setting it to
-        # None, as torch's own __init__ sets it: here that stops them.
-        if value is not None:
-            raise TypeError("shardwise.DataLoader keeps no iterator of torch's: iterate it "
-                                 "with iter(loader)")
-        if self._workers is not None:
+    def _iterator(self, value: Any) -> None:
+        # Trainers (Lightning, as fit ends) shut persistent workers down by setting it to None,
+        # as torch's own __init__ sets it: here that stops them.
+        self.__dict__["_kept"] = None if isinstance(value, LoaderIterator) else value
+        if value is None and self._workers is not None:
             self._workers.close()
             self._workers = None
 
