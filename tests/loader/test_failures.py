@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset
 
 from shardwise import DataLoader, DistributedSampler
+from shardwise.loader.pools import WorkerDied
 
 pytestmark = pytest.mark.timeout(60)
 WORKER_TYPES = ["process", "thread"]
@@ -371,3 +372,69 @@ def test_a_failing_worker_init_fn_is_raised_by_iter_as_torchdata_raises_it(persi
         del loader
         gc.collect()  # (the error's traceback held the loader)
         assert set(_children()) - before == set()
+
+
+def _dies_once(worker_id: int) -> None:
+    flag = os.environ["SHARDWISE_TEST_FLAG"]
+    if worker_id == 1 and not os.path.exists(flag):
+        open(flag, "w").close()
+        os._exit(3)
+
+
+def test_a_persistent_worker_dead_in_worker_init_fn_leaves_a_loader_that_starts_afresh(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDWISE_TEST_FLAG", str(tmp_path / "died"))
+    loader = DataLoader(list(range(6)), batch_size=2, num_workers=2, persistent_workers=True,
+                        worker_init_fn=_dies_once)
+    with pytest.raises(WorkerDied, match="exit code 3. It was worker 1"):
+        iter(loader)
+    assert loader._workers is None
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
+
+
+def _fails_once(worker_id: int) -> None:
+    flag = os.environ["SHARDWISE_TEST_FLAG"]
+    if not os.path.exists(flag):
+        open(flag, "w").close()
+        raise ValueError("not yet")
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_pass_that_fails_to_start_leaves_the_loaded_state_to_the_next(tmp_path, monkeypatch,
+                                                                         persistent):
+    monkeypatch.setenv("SHARDWISE_TEST_FLAG", str(tmp_path / "failed"))
+
+    def make(init=None):
+        return DataLoader(list(range(12)), batch_size=2, num_workers=1, worker_init_fn=init,
+                          persistent_workers=persistent)
+
+    loader = make()
+    iterator = iter(loader)
+    taken = [next(iterator).tolist() for _ in range(3)]
+    state = loader.state_dict()
+    del iterator, loader
+    resumed = make(_fails_once)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match="not yet"):
+        iter(resumed)
+    assert resumed.state_dict() == state
+    assert taken + [b.tolist() for b in resumed] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9],
+                                                     [10, 11]]
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+@pytest.mark.parametrize("let_go", ["iterator", "load_state_dict"])
+def test_a_pass_goes_on_when_its_loader_lets_go_of_its_persistent_workers(worker_type, let_go):
+    before = set(_children())  # (an earlier test's persistent workers may be there)
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True,
+                        worker_type=worker_type)
+    iterator = iter(loader)
+    first = next(iterator).tolist()
+    if let_go == "iterator":
+        loader._iterator = None  # as torch's loader lets go of its iterator
+    else:
+        loader.load_state_dict(loader.state_dict())
+    assert [first] + [b.tolist() for b in iterator] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert loader._workers is None
+    del iterator  # the workers stop with it
+    assert set(_children()) - before == set()

@@ -149,7 +149,7 @@ def check_consistent(
     problems += [f"rank {rank}'s sampler has rank={sampler_rank!r}"
                  for rank, (sampler_rank, _, _) in enumerate(per_rank) if sampler_rank != rank]
     for value, ranks in group_ranks([fields.get("num_replicas") for _, fields, _ in per_rank]):
-        if value != world:
+        if value is not None and value != world:  # (None: a rank that splits nothing)
             problems.append(f"{_ranks_have(ranks)} num_replicas={value!r} but the process group "
                             f"has {world} rank{'s' if world != 1 else ''}")
     steps = disagreements([settings for _, _, settings in per_rank])

@@ -46,8 +46,9 @@ class DataLoader(TorchDataLoader[T_co]):
     - ``stats`` (throughput, time spent waiting for data), ``progress=True`` (a progress bar),
       and, with a process group up, a check at each epoch that every rank's shardwise sampler
       and batch size agree (one collective as each pass begins, so every rank iterates the
-      loader). ``verify=True`` checks torch's ``DistributedSampler`` too, which by default is
-      left alone as torch leaves it (a loop on one rank stays possible); ``False`` skips it.
+      loader). ``verify=True`` checks torch's ``DistributedSampler`` too (split over the whole
+      group), which by default is left alone as torch leaves it (a loop on one rank stays
+      possible); ``False`` skips it.
     - ``distributed=True`` builds a :class:`shardwise.DistributedSampler` from ``shuffle``,
       ``drop_last`` and ``seed``.
 
@@ -194,9 +195,20 @@ class DataLoader(TorchDataLoader[T_co]):
         # Trainers (Lightning, as fit ends) shut persistent workers down by setting it to None,
         # as torch's own __init__ sets it: here that stops them.
         self.__dict__["_kept"] = None if isinstance(value, LoaderIterator) else value
-        if value is None and self._workers is not None:
+        if value is None:
+            self._let_go_of_workers()
+
+    def _let_go_of_workers(self) -> None:
+        """Stop the persistent workers, or leave them to the pass still running on them, which
+        stops them when it is done (as torch's iterator keeps its workers)."""
+        if self._workers is None:
+            return
+        live = self._pass() if self._pass is not None else None
+        if live is not None and live._pool_owner is self._workers and not live._closed:
+            self._workers.hand_to(live)
+        else:
             self._workers.close()
-            self._workers = None
+        self._workers = None
 
     def __len__(self) -> int:
         """Batches in the epoch; a pass resumed mid-epoch yields only those still to come."""
@@ -227,9 +239,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """Make the next pass continue the saved one at its next undelivered batch."""
         self._resume = read_state(self, state)
         self._loaded, self._record = state, None
-        if self._workers is not None:  # persistent workers hold another pass's seed and dataset
-            self._workers.close()
-            self._workers = None
+        self._let_go_of_workers()  # persistent workers hold another pass's seed and dataset
 
     @property
     def stats(self) -> LoaderStats:
@@ -249,6 +259,8 @@ class DataLoader(TorchDataLoader[T_co]):
     def _check_ranks(self) -> None:
         if self.verify is not False and _group_size() > 1:
             sampler = _checked_sampler(self, torch_samplers=self.verify is True)
+            if sampler is None and self.verify is True:  # every rank joins, or the others wait
+                sampler = _Unsplit(self.sampler)
             if sampler is not None:
                 check_consistent(sampler, batching={
                     "batch_size": getattr(self.batch_sampler, "batch_size", self.batch_size),
@@ -270,17 +282,30 @@ class DataLoader(TorchDataLoader[T_co]):
 
 
 def _checked_sampler(loader: DataLoader, torch_samplers: bool) -> Any | None:
-    """The sampler the ranks must agree on: a shardwise sampler, or (``torch_samplers``) torch's
-    DistributedSampler split over the whole group (one split over a subgroup, as with tensor
-    parallelism, where several ranks read the same share, is not compared)."""
+    """The sampler the ranks must agree on: a shardwise sampler, or (``torch_samplers``)
+    torch's DistributedSampler."""
     for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         if callable(getattr(sampler, "config", None)) and callable(
                 getattr(sampler, "fingerprint", None)):
             return sampler
-        if (torch_samplers and isinstance(sampler, TorchDistributedSampler)
-                and sampler.num_replicas == _group_size()):
+        if torch_samplers and isinstance(sampler, TorchDistributedSampler):
             return sampler
     return None
+
+
+class _Unsplit:
+    """A rank whose loader splits nothing over the ranks, compared with the others all the same
+    (with ``verify=True`` every rank joins the check: the ones that did would wait forever)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.rank = torch_dist.get_rank()
+        self._fields = {"sampler": type(sampler).__name__}
+
+    def config(self) -> dict[str, Any]:
+        return self._fields
+
+    def fingerprint(self) -> int:
+        return 0
 
 
 def _group_size() -> int:

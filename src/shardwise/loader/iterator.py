@@ -79,14 +79,33 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._stop_stages = weakref.finalize(self, _close_stages, self._stages)
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
         self._closed = False
-        self._begin(first=workers is None)
+        self._taken: Resume | None = None  # the loaded state this pass resumes
+        self._init_failed = False  # a worker_init_fn failed (reported, not a death)
+        loader._check_ranks()  # before any worker starts: ranks that disagree stop here
+        try:
+            self._begin(first=workers is None)
+        except BaseException:
+            self._failed_start()
+            raise
+
+    def _failed_start(self) -> None:
+        """A pass that could not start leaves the loader as it found it: the state it was to
+        resume stays loaded, and workers stop, unless persistent ones only reported a failed
+        ``worker_init_fn`` (they go on to the next pass, as torch's do)."""
+        loader, owner = self._loader, self._pool_owner
+        if self._taken is not None and loader._resume is None:
+            loader._resume = self._taken
+        keep = self._init_failed and self._taken is None and loader._workers is owner
+        if owner is not None and not keep:
+            owner.close()
+            if loader._workers is owner:
+                loader._workers = None
 
     # -- a pass ----------------------------------------------------------------------------------
 
     def _begin(self, first: bool) -> None:
         loader = self._loader
-        loader._check_ranks()  # before any worker starts: ranks that disagree stop here
-        resume = loader._take_resume()
+        resume = self._taken = loader._take_resume()
         self.record: PassRecord = new_record(loader)
         # What len(loader) said of an IterableDataset before this pass, as torch keeps it.
         self._told_length = (loader._IterableDataset_len_called
@@ -246,14 +265,11 @@ class LoaderIterator(_BaseDataLoaderIter):
         return pool
 
     def _wait_started(self) -> None:
-        """Raise a failed ``worker_init_fn`` here, at ``iter()``. The workers of this pass stop;
-        persistent ones go on to the next pass, as torch's do."""
-        try:
-            self._pool.wait_started(self._loader.timeout or None)
-        except BaseException:
-            if self._loader._workers is not self._pool_owner:
-                self._pool_owner.close()
-            raise
+        """Raise a failed ``worker_init_fn`` here, at ``iter()`` (see ``_failed_start``)."""
+        failure = self._pool.wait_started(self._loader.timeout or None)
+        if failure is not None:
+            self._init_failed = True
+            failure.reraise()
 
     def _stage(self, stage: Any) -> Any:
         self._stages.append(stage)

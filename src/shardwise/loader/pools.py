@@ -80,6 +80,11 @@ class Workers:
     def close(self) -> None:
         self._closer()
 
+    def hand_to(self, owner: object) -> None:
+        """Stop with ``owner`` instead (a pass still running on workers its loader lets go of)."""
+        if self._closer.detach() is not None:
+            self._closer = weakref.finalize(owner, self.pool.close)
+
     def __reduce__(self) -> Any:
         # A copy would own the same pipes and close them under the workers: refused, as torch
         # refuses to pickle its iterator (a loader's copy leaves its workers out).
@@ -225,10 +230,10 @@ class ProcessPool:
             return Event("started", -1, worker, message[1])
         raise AssertionError(f"unexpected message {kind!r} from DataLoader worker {worker}")
 
-    def wait_started(self, timeout: float | None) -> None:
-        """Wait until every worker has run its init function (``worker_init_fn``), then raise
-        the lowest failed worker's error, so that ``iter()`` raises it, as torchdata's loader
-        does (every report is read: none is left in a persistent worker's pipe)."""
+    def wait_started(self, timeout: float | None) -> ExceptionWrapper | None:
+        """Wait until every worker has run its init function (``worker_init_fn``); the lowest
+        failed worker's error, which ``iter()`` raises, as torchdata's loader does (every
+        report is read: none is left in a persistent worker's pipe)."""
         waiting = set(range(self.num_workers)) if self._reporting_start else set()
         failures = {}
         while waiting:
@@ -239,8 +244,7 @@ class ProcessPool:
             waiting.discard(event.worker)
             if event.payload is not None:
                 failures[event.worker] = event.payload
-        if failures:
-            failures[min(failures)].reraise()
+        return failures[min(failures)] if failures else None
 
     def new_epoch(self, shared_seed: int | None) -> list[dict[str, Any] | None]:
         """Persistent workers: drop what is still in flight and start the dataset afresh.
@@ -249,8 +253,11 @@ class ProcessPool:
         worker's Stateful dataset's states as it starts the pass (None: it keeps none).
         """
         self._epoch += 1
-        for conn in self.conns:
-            send(conn, ("epoch", self._epoch, shared_seed))
+        for worker, conn in enumerate(self.conns):
+            try:
+                send(conn, ("epoch", self._epoch, shared_seed))
+            except OSError:  # its end of the pipe closed: it died between passes
+                raise WorkerDied(self._death_notice(worker)) from None
         states: list[dict[str, Any] | None] = [None] * self.num_workers
         waiting = set(range(self.num_workers))
         while waiting:
