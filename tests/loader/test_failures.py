@@ -438,3 +438,16 @@ def test_a_pass_goes_on_when_its_loader_lets_go_of_its_persistent_workers(worker
     assert loader._workers is None
     del iterator  # the workers stop with it
     assert set(_children()) - before == set()
+
+
+def _slow_start(worker_id: int) -> None:
+    time.sleep(3)
+
+
+def test_timeout_bounds_the_wait_for_every_worker_to_start():
+    loader = DataLoader(list(range(4)), batch_size=2, num_workers=2, worker_init_fn=_slow_start,
+                        timeout=0.5)
+    with pytest.raises(RuntimeError, match=r"timed out after 0.5 seconds waiting for worker "
+                                           r"processes \[0, 1\] to start"):
+        iter(loader)
+    assert loader._workers is None

@@ -236,8 +236,9 @@ class ProcessPool:
         report is read: none is left in a persistent worker's pipe)."""
         waiting = set(range(self.num_workers)) if self._reporting_start else set()
         failures = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
         while waiting:
-            event = self.receive(timeout)
+            event = self.receive(None if deadline is None else deadline - time.monotonic())
             if event is None:
                 raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for "
                                    f"worker processes {sorted(waiting)} to start")
