@@ -171,7 +171,8 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def __iter__(self) -> LoaderIterator:
         # Not torch's: it keeps the iterator to reuse persistent workers, and the iterator
-        # keeps the loader; here the loader keeps only the workers, so no cycle outlives a pass.
+        # keeps the loader; here the loader keeps only the workers, so no cycle outlives a pass
+        # (only an iterator a subclass makes itself is kept, as torch keeps it).
         kept = self.__dict__.get("_kept")
         if kept is not None:  # a subclass's own iterator on persistent workers, as torch's
             kept._reset(self)

@@ -210,8 +210,7 @@ class LoaderIterator(_BaseDataLoaderIter):
                 self._pool = self._start_pool(self.record.worker_states, new_passes, restored)
                 if self._processes:
                     self._wait_started()
-                if self._processes:  # torch draws (and drops) one more after starting them
-                    draw_shared_seed(loader)
+                    draw_shared_seed(loader)  # torch draws (and drops) one after starting them
             elif any(carried := self._pool.new_epoch(self._shared_seed)):
                 self.record.worker_states = carried  # batches fetched ahead of delivery too
             self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
