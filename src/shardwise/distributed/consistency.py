@@ -175,9 +175,11 @@ def sampler_fields(sampler: ConfiguredSampler | TorchDistributedSampler) -> dict
     >>> sampler_fields(DistributedSampler(range(10), num_replicas=2, rank=0, seed=3))
     {'size': 10, 'seed': 3, 'epoch': 0, 'shuffle': True, 'drop_last': False, 'num_replicas': 2}
     """
-    if callable(getattr(sampler, "config", None)) and callable(getattr(sampler, "fingerprint",
-                                                                       None)):
-        return {**sampler.config(), "fingerprint": int(sampler.fingerprint())}
+    if callable(getattr(sampler, "config", None)):
+        fields = dict(sampler.config())
+        if callable(getattr(sampler, "fingerprint", None)):
+            fields["fingerprint"] = int(sampler.fingerprint())
+        return fields
     if isinstance(sampler, TorchDistributedSampler):
         return {"size": len(sampler.dataset), "seed": sampler.seed, "epoch": sampler.epoch,
                 "shuffle": sampler.shuffle, "drop_last": sampler.drop_last,

@@ -305,9 +305,6 @@ class _Unsplit:
     def config(self) -> dict[str, Any]:
         return self._fields
 
-    def fingerprint(self) -> int:
-        return 0
-
 
 def _group_size() -> int:
     return torch_dist.get_world_size() if torch_dist.is_available() and \

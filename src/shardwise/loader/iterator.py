@@ -209,8 +209,13 @@ class LoaderIterator(_BaseDataLoaderIter):
                               else [True] * self._num_workers)
                 self._pool = self._start_pool(self.record.worker_states, new_passes, restored)
                 if self._processes:
-                    self._wait_started()
-                    draw_shared_seed(loader)  # torch draws (and drops) one after starting them
+                    failure = self._pool.wait_started(loader.timeout or None)
+                    # torch draws (and drops) one after starting them: a datapipe's is sent to
+                    # every rank, which a rank whose worker_init_fn failed takes part in too.
+                    draw_shared_seed(loader)
+                    if failure is not None:  # raised here, at iter() (see _failed_start)
+                        self._init_failed = True
+                        failure.reraise()
             elif any(carried := self._pool.new_epoch(self._shared_seed)):
                 self.record.worker_states = carried  # batches fetched ahead of delivery too
             self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
@@ -262,13 +267,6 @@ class LoaderIterator(_BaseDataLoaderIter):
         if loader.persistent_workers:
             loader._workers = self._pool_owner
         return pool
-
-    def _wait_started(self) -> None:
-        """Raise a failed ``worker_init_fn`` here, at ``iter()`` (see ``_failed_start``)."""
-        failure = self._pool.wait_started(self._loader.timeout or None)
-        if failure is not None:
-            self._init_failed = True
-            failure.reraise()
 
     def _stage(self, stage: Any) -> Any:
         self._stages.append(stage)
