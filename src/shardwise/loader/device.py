@@ -122,7 +122,7 @@ def _copy(batch: Any, device: torch.device, stream: torch.cuda.Stream) -> Any:
     """``batch`` with each tensor copied to ``device`` on ``stream``, into memory allocated on
     the current stream; a tensor subclass keeps its type and attributes."""
     if isinstance(batch, torch.Tensor):
-        parts = subclass_parts(batch) if type(batch) is not torch.Tensor or batch.__dict__ else None
+        parts = subclass_parts(batch)
         if parts is not None:  # (``empty_like`` would drop its attributes, and often its type)
             plain, kind, state = parts
             return rewrap(_copy(plain, device, stream), kind, state)

@@ -201,8 +201,8 @@ class _ArrayPickler(pickle.Pickler):
 
 def subclass_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, type, Any] | None:
     """``tensor`` as a plain tensor, its type and its state (attributes), from which
-    ``rewrap`` makes it again around a copy; ``None`` for a subclass that must keep its own
-    pickling and copying.
+    ``rewrap`` makes it again around a copy; ``None`` for a plain tensor without attributes
+    (nothing to rewrap), or a subclass that must keep its own pickling and copying.
 
     >>> class Boxes(torch.Tensor): pass
     >>> boxes = torch.zeros(2).as_subclass(Boxes); boxes.format = "XYXY"
@@ -211,6 +211,8 @@ def subclass_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, type, Any] | Non
     ('Tensor', 'Boxes', 'XYXY')
     """
     kind = type(tensor)
+    if kind is torch.Tensor and not tensor.__dict__:
+        return None
     # Left alone: subclasses that pickle themselves (Parameter), have a reducer registered,
     # or wrap other tensors (``__torch_dispatch__``: DTensor, say).
     if (kind.__reduce_ex__ is not torch.Tensor.__reduce_ex__ or kind in copyreg.dispatch_table
