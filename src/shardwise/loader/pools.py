@@ -174,9 +174,12 @@ class ProcessPool:
             self._poller.register(fd, select.POLLIN)
 
     def submit(self, worker: int, task_id: int, index: Any) -> None:
+        self._send(worker, ("task", task_id, index))
+
+    def _send(self, worker: int, message: tuple) -> None:
         try:
-            send(self.conns[worker], ("task", task_id, index))
-        except OSError:  # its end of the pipe closed: it died, with batches still to read
+            send(self.conns[worker], message)
+        except OSError:  # its end of the pipe closed: it died (with batches still to read)
             raise WorkerDied(self._death_notice(worker)) from None
 
     def receive(self, timeout: float | None) -> Event | None:
@@ -254,11 +257,8 @@ class ProcessPool:
         worker's Stateful dataset's states as it starts the pass (None: it keeps none).
         """
         self._epoch += 1
-        for worker, conn in enumerate(self.conns):
-            try:
-                send(conn, ("epoch", self._epoch, shared_seed))
-            except OSError:  # its end of the pipe closed: it died between passes
-                raise WorkerDied(self._death_notice(worker)) from None
+        for worker in range(len(self.conns)):
+            self._send(worker, ("epoch", self._epoch, shared_seed))
         states: list[dict[str, Any] | None] = [None] * self.num_workers
         waiting = set(range(self.num_workers))
         while waiting:
