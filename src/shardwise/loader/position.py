@@ -338,10 +338,13 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     bound = streams is not None and (route == "iterable" or bool(workers or datasets)
                                    or keeps_states(loader.dataset))
     begun = state.get("begun", range(worker_streams(loader) if streams is None else streams))
-    turns = (int(state.get("next_worker", 0)), [int(w) for w in state.get("ended", [])],
-             {int(place): int(count) for place, count in state.get("ahead", [])},
-             {int(w) for w in begun}, route == "iterable", int(streams) if bound else None)
-    before = batches - len(turns[2])  # the batches before the ones passed over
+    common = {"base_seed": seed, "drew_base_seed": drew, "dataset_states": datasets,
+              "worker_states": workers, "next_worker": int(state.get("next_worker", 0)),
+              "ended": [int(w) for w in state.get("ended", [])],
+              "ahead": {int(place): int(count) for place, count in state.get("ahead", [])},
+              "begun": {int(w) for w in begun}, "iterable": route == "iterable",
+              "streams": int(streams) if bound else None}
+    before = batches - len(common["ahead"])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
         saved, this = state.get("ahead_of"), _rank_of(sampler)
@@ -351,10 +354,10 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 f"this is rank {this[0]} of {this[1]}, whose batches came in another order, so "
                 "its resume may repeat or skip a few: resume each rank from its own state, or "
                 "use in_order=True", stacklevel=3)
-            turns = (*turns[:2], {}, *turns[3:])  # the other rank's early batches are not ours
-        return Resume(0, before, {}, seed, drew, datasets, workers, *turns)
+            common["ahead"] = {}  # the other rank's early batches are not ours
+        return Resume(skip=0, resumed_batches=before, randomness={}, **common)
     randomness = {name: _random_state(s) for name, s in state.get("randomness", {}).items()}
-    return Resume(before, before, randomness, seed, drew, datasets, workers, *turns)
+    return Resume(skip=before, resumed_batches=before, randomness=randomness, **common)
 
 
 def _random_state(saved: str | list[int]) -> torch.Tensor:
