@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Literal
 
 import numpy as np
@@ -16,7 +16,8 @@ from shardwise.files.matrix import MatrixBlock
 from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
-from shardwise.files.sorting import group_starts, sort_with_order
+from shardwise.files.records import gather_targets
+from shardwise.files.sorting import group_rows
 from shardwise.files.sources import Paths, StorageOptions
 
 Kind = Literal["digraph", "bigraph", "undirected"]
@@ -52,19 +53,17 @@ class Graph:
         stats: LoadStats | None = None,
     ) -> Graph:
         """Group edges by source; each source's edges keep their given order."""
+        return cls._by_source(src, lambda order: (dst[order], weight[order]), kind, stats)
+
+    @classmethod
+    def _by_source(
+        cls, src: np.ndarray, gather: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+        kind: Kind, stats: LoadStats | None = None,
+    ) -> Graph:
+        """``from_edges``, with ``gather(order)`` giving the targets and weights in ``order``."""
         if kind not in KINDS:
             raise ValueError(f"unknown graph kind {kind!r}: choose one of {', '.join(KINDS)}")
-        sources, order = sort_with_order(src)
-        # One thread gathers: on a rank's first build the output's pages are fresh, and two
-        # threads faulting them in at once built 2x slower than one (on a 2-core VM).
-        dst, weight = dst[order], weight[order]
-        # Freed before the row arrays are allocated, so they reuse its memory rather than
-        # touching fresh pages (costly on some virtual machines).
-        del order
-        starts = group_starts(sources)
-        row_ids = sources[starts]
-        del sources
-        indptr = np.flatnonzero(np.append(starts, True)).astype(np.int64, copy=False)
+        row_ids, indptr, (dst, weight) = group_rows(src, gather)
         return cls(kind, row_ids, indptr, dst, weight, stats)
 
     def vertices(self) -> np.ndarray:
@@ -174,6 +173,6 @@ def load_graph(
     records, stats = load_records(paths, edge_format, mirror=kind == "undirected",
                                   storage_options=storage_options, columns=columns, **pipeline)
     started = time.perf_counter()
-    graph = Graph.from_edges(records["src"], records["dst"], records["weight"], kind)
+    graph = Graph._by_source(records["src"], partial(gather_targets, records), kind)
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(graph, stats=replace(stats, seconds=seconds))

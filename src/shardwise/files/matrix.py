@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import scipy.sparse
@@ -14,7 +15,8 @@ from shardwise.files.load import LoadStats, load_records
 from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
-from shardwise.files.sorting import unique_inverse
+from shardwise.files.records import gather_targets
+from shardwise.files.sorting import group_rows, unique_inverse
 from shardwise.files.sources import Paths, StorageOptions
 
 
@@ -37,9 +39,19 @@ class MatrixBlock:
         cls, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, stats: LoadStats | None = None
     ) -> MatrixBlock:
         """The block over the distinct rows and columns present, duplicates summed."""
-        row_ids, rows = unique_inverse(src)
+        return cls._by_row(src, lambda order: (dst[order], weight[order]), stats)
+
+    @classmethod
+    def _by_row(
+        cls, src: np.ndarray, gather: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+        stats: LoadStats | None = None,
+    ) -> MatrixBlock:
+        """``from_records``, with ``gather(order)`` giving the columns and values in ``order``."""
+        # Grouped into rows by one sort; scipy then only sorts each row's few entries and sums
+        # their duplicates (building from (row, col) pairs cost another sort and scatter).
+        row_ids, indptr, (dst, weight) = group_rows(src, gather)
         col_ids, cols = unique_inverse(dst)
-        matrix = scipy.sparse.csr_array((weight, (rows, cols)), shape=(row_ids.size, col_ids.size))
+        matrix = scipy.sparse.csr_array((weight, cols, indptr), shape=(row_ids.size, col_ids.size))
         matrix.sum_duplicates()
         return cls(matrix, row_ids, col_ids, stats)
 
@@ -74,6 +86,6 @@ def load_matrix(
     records, stats = load_records(paths, entry_format, storage_options=storage_options,
                                   columns=columns, **pipeline)
     started = time.perf_counter()
-    block = MatrixBlock.from_records(records["src"], records["dst"], records["weight"])
+    block = MatrixBlock._by_row(records["src"], partial(gather_targets, records))
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(block, stats=replace(stats, seconds=seconds))
