@@ -7,6 +7,8 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardwise.files import Graph, MatrixBlock, load_graph, load_matrix, load_vectors
 
@@ -49,6 +51,22 @@ def test_matrix_and_vectors(tmp_path: Path) -> None:
     (tmp_path / "v.txt").write_text("9,1,2\n4,3,4\n")
     ids, values = load_vectors(tmp_path / "v.txt")
     assert ids.tolist() == [4, 9] and values.tolist() == [[3.0, 4.0], [1.0, 2.0]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(-3, 2**40), st.integers(-3, 5), st.floats(-2, 2)),
+                        max_size=60))
+def test_sparse_block_sums_duplicates_over_the_distinct_rows_and_columns(
+        entries: list[tuple[int, int, float]]) -> None:
+    src, dst, weight = (np.array(column) for column in zip(*entries)) if entries else ([], [], [])
+    block = MatrixBlock.from_records(np.asarray(src, np.int64), np.asarray(dst, np.int64),
+                                     np.asarray(weight, np.float64))
+    row_ids, rows = np.unique(np.asarray(src, np.int64), return_inverse=True)
+    col_ids, cols = np.unique(np.asarray(dst, np.int64), return_inverse=True)
+    expected = np.zeros((row_ids.size, col_ids.size))
+    np.add.at(expected, (rows, cols), weight)
+    assert block.row_ids.tolist() == row_ids.tolist() and block.col_ids.tolist() == col_ids.tolist()
+    assert block.matrix.has_canonical_format and np.allclose(block.matrix.toarray(), expected)
 
 
 def test_empty_input_gives_an_empty_partition(tmp_path: Path) -> None:

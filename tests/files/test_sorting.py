@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from shardwise.files.sorting import group_starts, sort_with_order, unique_inverse
+from shardwise.files.records import edges, gather_targets
+from shardwise.files.sorting import group_rows, group_starts, sort_with_order, unique_inverse
 
 INT64 = np.iinfo(np.int64)
 # Narrow and full ranges: one packed pass, and two radix passes for keys over 64 - log2(n) bits.
@@ -36,6 +39,17 @@ def test_unique_inverse_is_numpys_unique(keys: np.ndarray) -> None:
     expected_values, expected_inverse = np.unique(keys, return_inverse=True)
     assert values.tolist() == expected_values.tolist()
     assert inverse.tolist() == expected_inverse.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=KEYS.filter(lambda keys: keys.dtype == np.int64))
+def test_group_rows_are_the_stable_order_cut_at_each_new_key(keys: np.ndarray) -> None:
+    records = edges(keys, np.arange(keys.size), np.arange(keys.size) / 2)
+    rows, indptr, (dst, weight) = group_rows(keys, partial(gather_targets, records))
+    order = np.argsort(keys, kind="stable")
+    assert rows.tolist() == np.unique(keys).tolist()
+    assert dst.tolist() == order.tolist() and weight.tolist() == (order / 2).tolist()
+    assert indptr.tolist() == [0, *np.cumsum(np.unique(keys, return_counts=True)[1]).tolist()]
 
 
 def test_large_inputs_of_wide_keys_sort_stably() -> None:
