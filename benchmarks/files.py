@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/files.py --size-mb 128                   # int ids: src,dst,weight
     .venv/bin/python benchmarks/files.py --size-mb 128 --ids str         # string ids
     .venv/bin/python benchmarks/files.py --size-mb 128 --pattern fvec    # id,f1,...,f8
+    .venv/bin/python benchmarks/files.py --size-mb 128 --build matrix    # a sparse block, not CSR
 
 The data (ids below 2**40, or those numbers behind a ``u``; 4-decimal values) goes to bench-data/
 (gitignored) in 8 files whose sizes differ by 15x, and is reused when already there. Every figure
@@ -30,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardwise.distributed.launch import spawn_local
-from shardwise.files import load_graph, load_vectors
+from shardwise.files import load_graph, load_matrix, load_vectors
 from shardwise.files.threads import rank_threads
 
 # Eight files whose sizes differ by up to 15x, so a per-file split could not balance them.
@@ -129,7 +130,8 @@ def in_fresh_process(fn, *args) -> float:
         return pool.submit(fn, *args).result()
 
 
-def shardwise_rank(paths: list[str], pattern: str, ids: str, threads: int | None) -> dict:
+def shardwise_rank(paths: list[str], pattern: str, ids: str, build: str, threads: int | None
+                   ) -> dict:
     """One rank's load (plan + read + parse, exchange, build), timed by stage, with its memory."""
     import torch.distributed as dist
 
@@ -137,6 +139,8 @@ def shardwise_rank(paths: list[str], pattern: str, ids: str, threads: int | None
     before = _rss_mb()
     if pattern == "fvec":
         loaded = load_vectors(paths, ids=ids, threads=threads)
+    elif build == "matrix":
+        loaded = load_matrix(paths, pattern, ids=ids, threads=threads)
     else:
         loaded = load_graph(paths, pattern, ids=ids, threads=threads)
     stats = loaded.stats
@@ -155,6 +159,8 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024, help="total size of the input")
     parser.add_argument("--pattern", choices=["fmap", "fvec"], default="fmap")
     parser.add_argument("--ids", choices=["int", "str"], default="int")
+    parser.add_argument("--build", choices=["graph", "matrix"], default="graph",
+                        help="what fmap lines become: a CSR graph or a sparse matrix block")
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "bench-data")
     args = parser.parse_args()
     if args.size_mb < 1:
@@ -179,10 +185,11 @@ def main() -> None:
     runs = {}
     for nproc in (1, 2):
         with console.status(f"shardwise at {nproc} rank(s)"):
-            runs[nproc] = spawn_local(shardwise_rank, nproc, files, args.pattern, args.ids, None,
-                                      timeout=1800)
+            runs[nproc] = spawn_local(shardwise_rank, nproc, files, args.pattern, args.ids,
+                                      args.build, None, timeout=1800)
     with console.status("shardwise at 1 rank of 1 thread"):
-        single = spawn_local(shardwise_rank, 1, files, args.pattern, args.ids, 1, timeout=1800)[0]
+        single = spawn_local(shardwise_rank, 1, files, args.pattern, args.ids, args.build, 1,
+                             timeout=1800)[0]
     fastest_name, fastest = max(peers.items(), key=lambda item: item[1])
     records = sum(r["records"] for r in runs[1])
     table = Table(title=f"shardwise.files, {args.pattern} with {args.ids} ids: {total_mb:,.0f} MB "
@@ -195,7 +202,8 @@ def main() -> None:
 
     for name, rate in peers.items():
         row(f"peer: {name}", rate)
-    build = "vector build" if args.pattern == "fvec" else "CSR build"
+    build = {"fvec": "vector build"}.get(args.pattern, {"graph": "CSR build",
+                                                         "matrix": "sparse build"}[args.build])
     for nproc, ranks in runs.items():
         for stage in ("read+parse", "exchange", "build"):
             if nproc == 1 and stage == "exchange":
