@@ -68,3 +68,39 @@ def _padding_checks() -> list[tuple[int, int, int]]:
 def test_padding_gives_every_rank_as_many_samples_over_gloo():
     for per_rank in spawn_local(_padding_checks, 3, timeout=100):
         assert all(len(set(counts)) == 1 for counts in per_rank)
+
+
+def unrepeated(base: type) -> type:
+    """Lightning's ``UnrepeatedDistributedSampler``, written for torch's class, on ``base``."""
+
+    class Unrepeated(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.num_samples = len(range(self.rank, len(self.dataset), self.num_replicas))
+            self.total_size = len(self.dataset)
+
+        def __iter__(self):
+            if self.shuffle:
+                generator = torch.Generator()
+                generator.manual_seed(self.seed + self.epoch)
+                indices = torch.randperm(len(self.dataset), generator=generator).tolist()
+            else:
+                indices = list(range(len(self.dataset)))
+            assert len(indices) == self.total_size
+            indices = indices[self.rank:self.total_size:self.num_replicas]
+            assert len(indices) == self.num_samples
+            return iter(indices)
+
+    return Unrepeated
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_subclass_written_for_torchs_class_may_assign_its_sizes(shuffle):
+    for rank in range(3):
+        ours = unrepeated(DistributedSampler)(range(10), 3, rank, shuffle=shuffle, seed=4)
+        torchs = unrepeated(torch.utils.data.DistributedSampler)(range(10), 3, rank,
+                                                                 shuffle=shuffle, seed=4)
+        ours.set_epoch(2)
+        torchs.set_epoch(2)
+        assert (len(ours), ours.num_samples, ours.total_size) == (len(torchs), 4 - (rank > 0), 10)
+        assert list(DataLoader(range(10), sampler=ours)) == list(DataLoader(range(10), sampler=torchs))

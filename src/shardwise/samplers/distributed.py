@@ -146,15 +146,38 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
 
     # -- this rank's sequence ------------------------------------------------------------------
 
+    # torch's num_samples and total_size are plain attributes, which samplers written as its
+    # subclasses assign (Lightning's UnrepeatedDistributedSampler does, with its own __iter__):
+    # a value assigned is the one read back, and len() gives such a num_samples, as torch's does.
+    _assigned_num_samples: int | None = None
+    _assigned_total_size: int | None = None
+
     @property
     def num_samples(self) -> int:
         """This rank's share of the whole (or resumed) epoch, as torch's attribute."""
+        if self._assigned_num_samples is not None:
+            return self._assigned_num_samples
         return self._share(self._at)
+
+    @num_samples.setter
+    def num_samples(self, value: int) -> None:
+        self._assigned_num_samples = value
 
     @property
     def total_size(self) -> int:
         """All ranks' shares together, repeats included, as torch's attribute."""
+        if self._assigned_total_size is not None:
+            return self._assigned_total_size
         return split_total(self._at.segments.length, self.num_replicas, self.remainder)
+
+    @total_size.setter
+    def total_size(self, value: int) -> None:
+        self._assigned_total_size = value
+
+    def __len__(self) -> int:
+        if self._assigned_num_samples is not None:
+            return self._assigned_num_samples
+        return super().__len__()
 
     def _share(self, at: _Position) -> int:
         return rank_count(at.segments.length, self.num_replicas, self.rank, self.remainder)
