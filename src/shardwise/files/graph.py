@@ -31,7 +31,9 @@ class Graph:
     ``vertices()`` are the sources of the edges held here. Under ``fmap`` / ``fset`` a vertex's
     out-edges all live on its owner, so ``out_degree`` there is global; under ``smap`` a vertex's
     in-edges do, so ``in_degree`` on its owner is. An undirected graph stores both directions
-    of each edge (a self-loop once), each with the owner of its source.
+    of each edge (a self-loop once), each with the owner of its source. A loaded graph's ``dst``
+    and ``weight`` are views of one array of (target, weight) pairs, 16 bytes apart: take
+    ``np.ascontiguousarray`` of one where a contiguous buffer is needed (a collective, say).
 
     >>> g = Graph.from_edges(np.array([1, 1, 2]), np.array([2, 3, 3]), np.array([.5, 1., 2.]))
     >>> g.vertices().tolist(), g.num_edges, g.out_degree(1), g.in_degree(3)
