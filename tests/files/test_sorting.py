@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from shardwise.files.records import edges, gather_targets
+from shardwise.files.records import edges, gather_targets, gather_values, vectors
 from shardwise.files.sorting import group_rows, group_starts, sort_with_order, unique_inverse
 
 INT64 = np.iinfo(np.int64)
@@ -50,6 +50,17 @@ def test_group_rows_are_the_stable_order_cut_at_each_new_key(keys: np.ndarray) -
     assert rows.tolist() == np.unique(keys).tolist()
     assert dst.tolist() == order.tolist() and weight.tolist() == (order / 2).tolist()
     assert indptr.tolist() == [0, *np.cumsum(np.unique(keys, return_counts=True)[1]).tolist()]
+
+
+@settings(max_examples=50, deadline=None)
+@given(size=st.integers(0, 40), features=st.integers(0, 5), seed=st.integers(0, 2**32 - 1))
+def test_vectors_gathered_whole_are_numpys_row_gather(size: int, features: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    records = vectors(rng.integers(0, 9, size), rng.random((size, features)))
+    order = rng.permutation(size)
+    gathered = gather_values(records, order)
+    assert gathered.shape == (size, features)
+    assert gathered.tolist() == records["values"][order].tolist()
 
 
 def test_large_inputs_of_wide_keys_sort_stably() -> None:
