@@ -181,6 +181,32 @@ def test_timeout_is_honoured(worker_type, clean):
         next(iter(loader))
 
 
+class SlowFromFour(Dataset):
+    """Indices below 4 at once, the others after a second each."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int) -> int:
+        if index >= 4:
+            time.sleep(1.0)
+        return index
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_timeout_bounds_the_wait_for_persistent_workers_to_begin_a_new_pass(worker_type, clean):
+    # As torch's loader: its persistent workers must finish the work at hand before a new pass.
+    loader = DataLoader(SlowFromFour(), batch_size=2, num_workers=1, persistent_workers=True,
+                        timeout=0.3, worker_type=worker_type)
+    assert next(iter(loader)).tolist() == [0, 1]  # the worker goes on to the slow [4, 5]
+    with pytest.raises(RuntimeError, match=r"timed out after 0.3 seconds waiting for workers "
+                                           r"\[0\] to finish their last pass's work"):
+        iter(loader)
+    assert loader._workers is None  # stopped: the next pass starts new ones
+    assert next(iter(loader)).tolist() == [0, 1]
+    del loader
+
+
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_break_and_garbage_collection_leave_nothing(worker_type, persistent, clean):

@@ -216,7 +216,7 @@ class LoaderIterator(_BaseDataLoaderIter):
                     if failure is not None:  # raised here, at iter() (see _failed_start)
                         self._init_failed = True
                         failure.reraise()
-            elif any(carried := self._pool.new_epoch(self._shared_seed)):
+            elif any(carried := self._pool.new_epoch(self._shared_seed, loader.timeout or None)):
                 self.record.worker_states = carried  # batches fetched ahead of delivery too
             self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
             self._indices = iter(loader._index_sampler)

@@ -250,7 +250,8 @@ class ProcessPool:
                 failures[event.worker] = event.payload
         return failures[min(failures)] if failures else None
 
-    def new_epoch(self, shared_seed: int | None) -> list[dict[str, Any] | None]:
+    def new_epoch(self, shared_seed: int | None, timeout: float | None
+                  ) -> list[dict[str, Any] | None]:
         """Persistent workers: drop what is still in flight and start the dataset afresh.
 
         ``shared_seed`` reseeds a datapipe's random steps for the new pass. Returns each
@@ -259,14 +260,7 @@ class ProcessPool:
         self._epoch += 1
         for worker in range(len(self.conns)):
             self._send(worker, ("epoch", self._epoch, shared_seed))
-        states: list[dict[str, Any] | None] = [None] * self.num_workers
-        waiting = set(range(self.num_workers))
-        while waiting:
-            event = self.receive(None)
-            if event is not None and event.kind == "epoch" and event.task_id == self._epoch:
-                waiting.discard(event.worker)
-                states[event.worker] = event.states
-        return states
+        return [event.states for event in _new_pass_begun(self, self._epoch, timeout)]
 
     def close(self) -> None:
         """Stop every worker: a moment to finish the sample at hand, then it is killed."""
@@ -370,7 +364,8 @@ class ThreadPool:
         except queue.Empty:
             return None
 
-    def new_epoch(self, shared_seed: int | None) -> list[dict[str, Any] | None]:
+    def new_epoch(self, shared_seed: int | None, timeout: float | None
+                  ) -> list[dict[str, Any] | None]:
         """Start the dataset afresh (a datapipe was already reseeded, in this process).
 
         Returns no worker states: the threads' dataset is this process's own.
@@ -378,11 +373,7 @@ class ThreadPool:
         self._epoch += 1
         for tasks in self.tasks:
             tasks.put(("epoch", self._epoch))
-        waiting = set(range(self.num_workers))
-        while waiting:  # every thread has finished what it held: the stream can start over
-            event = self.results.get()
-            if event.kind == "epoch" and event.task_id == self._epoch:
-                waiting.discard(event.worker)
+        _new_pass_begun(self, self._epoch, timeout)  # each thread finished what it held
         self._start_epoch()
         return []
 
@@ -419,6 +410,24 @@ class ThreadPool:
                     event = Event("error", task_id, worker, task_failure(worker, index))
             event.busy = time.perf_counter() - started
             self.results.put(event)
+
+
+def _new_pass_begun(pool: ProcessPool | ThreadPool, epoch: int, timeout: float | None
+                    ) -> list[Event]:
+    """Every worker's word that it began pass ``epoch``, in worker order; what the pass before
+    still sends is dropped. Waits ``timeout`` seconds at most (None: as long as it takes), as
+    torch's loader waits for its persistent workers, then raises its timeout error."""
+    begun: dict[int, Event] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while len(begun) < pool.num_workers:
+        event = pool.receive(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if event is None:
+            late = sorted(set(range(pool.num_workers)) - set(begun))
+            raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for workers "
+                               f"{late} to finish their last pass's work and begin the next")
+        if event.kind == "epoch" and event.task_id == epoch:
+            begun[event.worker] = event
+    return [begun[worker] for worker in range(pool.num_workers)]
 
 
 class SharedStream:
