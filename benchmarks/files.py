@@ -165,6 +165,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.size_mb < 1:
         parser.error(f"--size-mb must be at least 1, got {args.size_mb}")
+    if args.pattern == "fvec" and args.build == "matrix":
+        parser.error("--build matrix needs edge lines: leave out --pattern fvec")
     if (args.pattern, args.ids) not in BYTES_PER_LINE:
         parser.error(f"no data generator for --pattern {args.pattern} --ids {args.ids}")
     console = Console()
@@ -202,8 +204,8 @@ def main() -> None:
 
     for name, rate in peers.items():
         row(f"peer: {name}", rate)
-    build = {"fvec": "vector build"}.get(args.pattern, {"graph": "CSR build",
-                                                         "matrix": "sparse build"}[args.build])
+    build = ("vector build" if args.pattern == "fvec"
+             else {"graph": "CSR build", "matrix": "sparse build"}[args.build])
     for nproc, ranks in runs.items():
         for stage in ("read+parse", "exchange", "build"):
             if nproc == 1 and stage == "exchange":
