@@ -48,6 +48,8 @@ def test_matrix_and_vectors(tmp_path: Path) -> None:
     assert isinstance(block, MatrixBlock)
     assert block.matrix.toarray().tolist() == [[0.0, 2.5], [1.0, 0.0]]
     assert (block.row_ids.tolist(), block.col_ids.tolist()) == ([5, 6], [5, 7])
+    (tmp_path / "n.txt").write_text("1,2,0.5\n3,4\n")  # no duplicates: scipy keeps the data given
+    assert load_matrix(tmp_path / "n.txt").matrix.data.flags.c_contiguous
     (tmp_path / "v.txt").write_text("9,1,2\n4,3,4\n")
     ids, values = load_vectors(tmp_path / "v.txt")
     assert ids.tolist() == [4, 9] and values.tolist() == [[3.0, 4.0], [1.0, 2.0]]

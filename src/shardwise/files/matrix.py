@@ -51,6 +51,10 @@ class MatrixBlock:
         # their duplicates (building from (row, col) pairs cost another sort and scatter).
         row_ids, indptr, (dst, weight) = group_rows(src, gather)
         col_ids, cols = unique_inverse(dst)
+        # Contiguous, and apart from the targets' half of the gathered pairs, which goes: scipy
+        # keeps a strided array as it is, and copies it again in every product.
+        weight = np.ascontiguousarray(weight)
+        del dst
         matrix = scipy.sparse.csr_array((weight, cols, indptr), shape=(row_ids.size, col_ids.size))
         matrix.sum_duplicates()
         return cls(matrix, row_ids, col_ids, stats)
