@@ -195,16 +195,41 @@ class SlowFromFour(Dataset):
 
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
 def test_timeout_bounds_the_wait_for_persistent_workers_to_begin_a_new_pass(worker_type, clean):
-    # As torch's loader: its persistent workers must finish the work at hand before a new pass.
+    # As torch's loader: its persistent workers finish the work at hand before a new pass, and
+    # go on with it after the timeout, to begin the pass asked for next.
     loader = DataLoader(SlowFromFour(), batch_size=2, num_workers=1, persistent_workers=True,
                         timeout=0.3, worker_type=worker_type)
-    assert next(iter(loader)).tolist() == [0, 1]  # the worker goes on to the slow [4, 5]
+    assert next(iter(loader)).tolist() == [0, 1]
+    time.sleep(0.5)  # the worker is inside the slow [4, 5] (2 s), begun before the new pass
+    workers = loader._workers
     with pytest.raises(RuntimeError, match=r"timed out after 0.3 seconds waiting for workers "
                                            r"\[0\] to finish their last pass's work"):
         iter(loader)
-    assert loader._workers is None  # stopped: the next pass starts new ones
-    assert next(iter(loader)).tolist() == [0, 1]
+    assert loader._workers is workers
+    time.sleep(2.0)  # [4, 5] done
+    assert next(iter(loader)).tolist() == [0, 1] and loader._workers is workers
     del loader
+
+
+class SlowEach(Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.2)
+        return index
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_a_new_pass_waits_only_for_the_work_in_hand_not_all_that_was_prefetched(worker_type,
+                                                                                 clean):
+    # Six batches of 0.2 s were asked for ahead; a new pass drops those not begun.
+    loader = DataLoader(SlowEach(), batch_size=1, num_workers=1, persistent_workers=True,
+                        timeout=0.7, prefetch_factor=6, worker_type=worker_type)
+    iterator = iter(loader)
+    assert [next(iterator).tolist() for _ in range(3)] == [[0], [1], [2]]
+    assert next(iter(loader)).tolist() == [0]
+    del iterator, loader
 
 
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)

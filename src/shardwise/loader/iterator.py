@@ -24,7 +24,14 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from shardwise.loader.datapipes import draw_shared_seed, shard_for_rank, sharding_init_fn
 from shardwise.loader.device import Background, ToDevice, detached
-from shardwise.loader.pools import Event, ProcessPool, ThreadPool, Workers, start_method_context
+from shardwise.loader.pools import (
+    Event,
+    ProcessPool,
+    ThreadPool,
+    Workers,
+    WorkersLate,
+    start_method_context,
+)
 from shardwise.loader.position import (
     PassRecord,
     Resume,
@@ -84,18 +91,19 @@ class LoaderIterator(_BaseDataLoaderIter):
         loader._check_ranks()  # before any worker starts: ranks that disagree stop here
         try:
             self._begin(first=workers is None)
-        except BaseException:
-            self._failed_start()
+        except BaseException as error:
+            self._failed_start(late=isinstance(error, WorkersLate))
             raise
 
-    def _failed_start(self) -> None:
+    def _failed_start(self, late: bool) -> None:
         """A pass that could not start leaves the loader as it found it: the state it was to
         resume stays loaded, and workers stop, unless persistent ones only reported a failed
-        ``worker_init_fn`` (they go on to the next pass, as torch's do)."""
+        ``worker_init_fn`` or were ``late`` to begin the pass (they go on, as torch's do, and
+        carry their datasets' states to the next pass)."""
         loader, owner = self._loader, self._pool_owner
         if self._taken is not None and loader._resume is None:
             loader._resume = self._taken
-        keep = self._init_failed and self._taken is None and loader._workers is owner
+        keep = (self._init_failed or late) and self._taken is None and loader._workers is owner
         if owner is not None and not keep:
             owner.close()
             if loader._workers is owner:

@@ -8,6 +8,7 @@ GIL (NumPy, decoding, I/O), with no copies at all.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -61,6 +62,11 @@ class FailedFetch(Exception):
 
 class WorkerDied(RuntimeError):
     """A worker process exited while the loader still needed it."""
+
+
+class WorkersLate(RuntimeError):
+    """Persistent workers did not begin a new pass within the loader's ``timeout``: still busy
+    with the last pass's work, they go on and begin it, and the next ``iter()`` waits again."""
 
 
 class Workers:
@@ -372,8 +378,11 @@ class ThreadPool:
         """
         self._epoch += 1
         for tasks in self.tasks:
+            with contextlib.suppress(queue.Empty):  # the last pass's tasks not yet begun are
+                while True:                         # dropped, as worker processes drop theirs
+                    tasks.get_nowait()
             tasks.put(("epoch", self._epoch))
-        _new_pass_begun(self, self._epoch, timeout)  # each thread finished what it held
+        _new_pass_begun(self, self._epoch, timeout)  # each thread finished the task it was on
         self._start_epoch()
         return []
 
@@ -415,16 +424,15 @@ class ThreadPool:
 def _new_pass_begun(pool: ProcessPool | ThreadPool, epoch: int, timeout: float | None
                     ) -> list[Event]:
     """Every worker's word that it began pass ``epoch``, in worker order; what the pass before
-    still sends is dropped. Waits ``timeout`` seconds at most (None: as long as it takes), as
-    torch's loader waits for its persistent workers, then raises its timeout error."""
+    still sends is dropped. As torch's loader waits for its persistent workers, each message
+    may take ``timeout`` seconds (None: as long as it takes), after which its timeout error."""
     begun: dict[int, Event] = {}
-    deadline = None if timeout is None else time.monotonic() + timeout
     while len(begun) < pool.num_workers:
-        event = pool.receive(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        event = pool.receive(timeout)
         if event is None:
             late = sorted(set(range(pool.num_workers)) - set(begun))
-            raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for workers "
-                               f"{late} to finish their last pass's work and begin the next")
+            raise WorkersLate(f"DataLoader timed out after {timeout} seconds waiting for workers "
+                              f"{late} to finish their last pass's work and begin the next")
         if event.kind == "epoch" and event.task_id == epoch:
             begun[event.worker] = event
     return [begun[worker] for worker in range(pool.num_workers)]
