@@ -104,3 +104,17 @@ def test_a_subclass_written_for_torchs_class_may_assign_its_sizes(shuffle):
         torchs.set_epoch(2)
         assert (len(ours), ours.num_samples, ours.total_size) == (len(torchs), 4 - (rank > 0), 10)
         assert list(DataLoader(range(10), sampler=ours)) == list(DataLoader(range(10), sampler=torchs))
+
+
+def test_a_subclass_that_assigns_num_samples_but_keeps_the_pass_is_refused():
+    class Shortened(DistributedSampler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.num_samples = 2  # torch's __iter__ would fail its assertion
+
+    sampler = Shortened(range(10), 3, 1)
+    assert len(sampler) == 2
+    with pytest.raises(ValueError, match="num_samples was set to 2 but rank 1's pass holds 4"):
+        list(DataLoader(range(10), sampler=sampler))
+    sampler.num_samples = 4  # the true share: kept
+    assert list(sampler) == list(DistributedSampler(range(10), 3, 1))

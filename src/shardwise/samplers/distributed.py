@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Mapping, Sized
+from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +178,17 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         if self._assigned_num_samples is not None:
             return self._assigned_num_samples
         return super().__len__()
+
+    def __iter__(self) -> Iterator[int]:
+        # torch's __iter__ asserts that its pass holds num_samples indices; an assigned value
+        # this pass cannot keep would make len() and the loader's batch count lie.
+        assigned, share = self._assigned_num_samples, self._share(self._at)
+        if assigned is not None and assigned != share:
+            raise ValueError(
+                f"num_samples was set to {assigned} but rank {self.rank}'s pass holds {share} "
+                "indices: a subclass that sets num_samples must also override __iter__ to "
+                "yield that many")
+        return super().__iter__()
 
     def _share(self, at: _Position) -> int:
         return rank_count(at.segments.length, self.num_replicas, self.rank, self.remainder)
