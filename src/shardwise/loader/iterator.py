@@ -25,6 +25,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from shardwise.loader.datapipes import draw_shared_seed, shard_for_rank, sharding_init_fn
 from shardwise.loader.device import Background, ToDevice, detached
 from shardwise.loader.pools import (
+    ABORT_GRACE_SECONDS,
+    GRACE_SECONDS,
     Event,
     ProcessPool,
     ThreadPool,
@@ -105,7 +107,7 @@ class LoaderIterator(_BaseDataLoaderIter):
             loader._resume = self._taken
         keep = (self._init_failed or late) and self._taken is None and loader._workers is owner
         if owner is not None and not keep:
-            owner.close()
+            owner.close(ABORT_GRACE_SECONDS)
             if loader._workers is owner:
                 loader._workers = None
 
@@ -299,8 +301,8 @@ class LoaderIterator(_BaseDataLoaderIter):
                 if not self._loader.persistent_workers:
                     self.close()
                 raise
-            except BaseException:  # a dead worker, a timeout, Ctrl-C: the workers stop
-                self.close()
+            except BaseException:  # a dead worker, a timeout, Ctrl-C: the workers stop now
+                self.close(grace=ABORT_GRACE_SECONDS)
                 raise
             worker, states, place, ends = self._fetched.popleft()
             self._note_ends(ends)
@@ -470,15 +472,16 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._stop_stages()
         self._pool_owner = self._pool = None  # the workers are the new pass's now
 
-    def close(self) -> None:
-        """Stop the workers now (persistent ones too: the next pass starts new ones).
+    def close(self, grace: float = GRACE_SECONDS) -> None:
+        """Stop the workers now (persistent ones too: the next pass starts new ones), giving
+        each ``grace`` seconds to finish the sample it is on.
 
         The pass is over: ``next`` raises ``StopIteration`` from here on.
         """
         self._closed = True
         self._stop_stages()
         if self._pool_owner is not None:
-            self._pool_owner.close()
+            self._pool_owner.close(grace)
 
 
 _NO_ENDS: tuple[Event, ...] = ()  # what most batches have passed over

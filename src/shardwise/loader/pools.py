@@ -36,7 +36,10 @@ from shardwise.loader.workers import WorkerSpec, process_worker, task_failure
 from shardwise.switches import OffWhileUsed
 
 # A stopped worker gets this long to exit before it is killed: it holds nothing worth saving.
-_GRACE_SECONDS = 0.5
+GRACE_SECONDS = 0.5
+# After an error (a timeout, Ctrl-C, a dead worker) the caller should hear of it at once: a
+# worker that is not idle, waiting for the stop, is killed sooner.
+ABORT_GRACE_SECONDS = 0.05
 
 
 @dataclass
@@ -83,8 +86,10 @@ class Workers:
     def alive(self) -> bool:
         return self._closer.alive
 
-    def close(self) -> None:
-        self._closer()
+    def close(self, grace: float = GRACE_SECONDS) -> None:
+        """Stop the workers, giving each ``grace`` seconds to finish what it is on."""
+        if self._closer.detach() is not None:
+            self.pool.close(grace)
 
     def hand_to(self, owner: object) -> None:
         """Stop with ``owner`` instead (a pass still running on workers its loader lets go of)."""
@@ -268,8 +273,8 @@ class ProcessPool:
             self._send(worker, ("epoch", self._epoch, shared_seed))
         return [event.states for event in _new_pass_begun(self, self._epoch, timeout)]
 
-    def close(self) -> None:
-        """Stop every worker: a moment to finish the sample at hand, then it is killed."""
+    def close(self, grace: float = GRACE_SECONDS) -> None:
+        """Stop every worker: ``grace`` seconds to finish the sample at hand, then it is killed."""
         if os.getpid() != self._pid:  # a forked child's exit: the workers are not its own
             return
         for conn in self.conns:
@@ -277,7 +282,7 @@ class ProcessPool:
                 send(conn, ("stop",))
             except OSError:
                 pass  # already gone
-        deadline = time.monotonic() + _GRACE_SECONDS
+        deadline = time.monotonic() + grace
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
@@ -386,14 +391,15 @@ class ThreadPool:
         self._start_epoch()
         return []
 
-    def close(self) -> None:
-        """Stop the threads after the batch each is on (a thread cannot be interrupted)."""
+    def close(self, grace: float = GRACE_SECONDS) -> None:
+        """Stop the threads after the batch each is on (a thread cannot be interrupted),
+        waiting ``grace`` seconds for them."""
         if os.getpid() != self._pid:  # a forked child has none of these threads
             return
         self._stopping.set()
         for tasks in self.tasks:
             tasks.put(None)
-        deadline = time.monotonic() + _GRACE_SECONDS
+        deadline = time.monotonic() + grace
         for thread in self.threads:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
