@@ -287,3 +287,55 @@ def test_a_long_fvec_line_needs_memory_of_a_few_times_its_bytes(tmp_path: Path) 
     assert features == values.size
     # pyarrow.csv took ~1.2 GB per MB of such a line; the string-kernel path ~6x its bytes.
     assert growth < 10 * len(line), f"peak grew by {growth / len(line):.1f}x the line's bytes"
+
+
+def _outcome(path: Path, fmt: Format) -> object:
+    """The records read, or the first bad line's number and reason."""
+    try:
+        records, _ = read_records(path, fmt)
+    except ParseError as error:
+        return error.bad.line, error.bad.reason
+    return records.tolist()
+
+
+@pytest.mark.parametrize(("pattern", "text"), [
+    ("fmap", "0x10,2\n"), ("fmap", "0xFFFFFFFFFFFFFFFF,2\n"), ("fmap", "1,0X1\n"),
+    ("fmap", "+5,2\n"), ("fmap", "1_000,2\n"), ("fmap", "\u0661\u0662,2\n"),
+    ("fmap", "1,2,1_5\n"), ("fset", "0x10,2|0.5\n"), ("fset", "1,2|\n"), ("fset", "1,3:\n"),
+    ("fvec", "0x10,0.5\n"), ("fvec", "1,0.5,1_5\n"),
+    ("fmap", "1,2\n3,4\r5,6\n"), ("fvec", "1,0.5\n2,0.5\r3,0.5\n"),
+])
+def test_a_line_means_the_same_on_every_path(tmp_path, pattern, text):
+    """A hostile line is read, or refused, alike by pyarrow, the per-line path and a chunk with
+    a bad line beside it: no hex id wraps, no lone \\r splits a line, no '1_5' is a number."""
+    alone = _write(tmp_path, text, "alone.txt")
+    fmt = Format(pattern, features=1 if pattern == "fvec" else None)
+    per_line = replace(fmt, parser=lambda line: line.split(","))
+    outcome = _outcome(alone, fmt)
+    assert isinstance(outcome, tuple), outcome  # each of these inputs holds a bad line
+    assert outcome == _outcome(alone, per_line)
+    with_bad = _write(tmp_path, text + "x,y\n", "with_bad.txt")
+    assert _outcome(with_bad, fmt) == outcome  # the first bad line is still the one named
+    with pytest.warns(UserWarning, match="skipped 2 malformed line"):
+        read_records(with_bad, replace(fmt, on_error="skip"))  # each holds one bad line, and x,y
+
+
+def test_a_byte_order_mark_and_blank_lines_are_not_records(tmp_path):
+    text = "\ufeff1,2\n   \n\t\n3,4\n"
+    path = _write(tmp_path, text)
+    expected = [(1, 2, 1.0), (3, 4, 1.0)]
+    assert _edges(read_records(path, Format("fmap"))[0]) == expected
+    assert _edges(read_records(path, Format("fmap", parser=lambda line: line.split(",")))[0]) == expected
+    assert _edges(read_records(path, Format("fset"))[0]) == expected
+    with_bad = _write(tmp_path, text + "x,y\n", "bad.txt")
+    records, stats = read_records(with_bad, Format("fmap", on_error="skip"))
+    assert (_edges(records), stats.skipped, stats.examples[0].line) == (expected, 1, 5)
+    named = read_records(_write(tmp_path, "\ufeffa,b\n", "s.txt"), Format("fmap", ids="str"))[0]
+    assert named["src"].tolist() == string_ids(["a"]).tolist()
+
+
+def test_a_reason_quotes_a_long_token_cut_short(tmp_path):
+    path = _write(tmp_path, "9" * 100_000 + ",2\n")
+    with pytest.raises(ParseError) as caught:
+        read_records(path, Format("fmap"))
+    assert "does not fit in int64" in str(caught.value) and "9" * 300 not in str(caught.value)

@@ -20,6 +20,7 @@ per-line path.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,6 +51,10 @@ _CSV_BLOCK_BYTES = 32 * 2**20
 # fields); wider fvec lines go through string kernels, whose memory follows the bytes instead.
 _CSV_MAX_FIELDS = 1024
 _INT64_RANGE = range(-(2**63), 2**63)
+# What pyarrow reads as a number, so a line means the same on either path: decimal digits with an
+# optional '-' (no '+', '_', hex or non-ASCII digits) around which spaces and tabs are trimmed.
+_INT_TOKEN = re.compile(r"[ \t]*-?[0-9]+[ \t]*")
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors put first in a file
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,8 @@ def parse_chunk(chunk: Chunk, fmt: Format) -> Parsed:
 
     For ``fvec``, ``fmt.features`` must be set (``read_records`` sets it from the first line).
     """
+    if chunk.start == 0 and chunk.data.startswith(_BOM):  # not part of the first line
+        chunk = Chunk(chunk.source, len(_BOM), chunk.data[len(_BOM):])
     columns, bad = _parse(chunk, fmt)
     return Parsed(columns, chunk.line_count(), len(bad), tuple(bad[:MAX_EXAMPLES]))
 
@@ -231,7 +238,7 @@ class RecordBuilder:
 
 
 def _parse(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
-    if fmt.parser is None:
+    if fmt.parser is None and _reads_alike(chunk.data, fmt):
         try:
             return _FAST[fmt.pattern](chunk.data, fmt), []
         except (pa.ArrowInvalid, _NeedsSlowPath):
@@ -244,6 +251,15 @@ def _parse(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
             joined.append(right)
             return record_columns(joined.finish()), left_bad + right_bad
     return _slow(chunk, fmt)
+
+
+def _reads_alike(data: bytes, fmt: Format) -> bool:
+    """Whether pyarrow reads ``data`` as the per-line rules do. It does not where a lone ``\r``
+    is in a line (pyarrow ends the line there) or where an int id may be hex (``0x10``, which
+    pyarrow takes, and wraps past 2**63). Each test is a ``memchr``: a few ms in a 32 MB chunk."""
+    if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):
+        return False
+    return fmt.ids != "int" or not (b"x" in data or b"X" in data)
 
 
 class _NeedsSlowPath(Exception):
@@ -410,8 +426,8 @@ def _slow(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
     bad: list[BadLine] = []
     first_line_number: int | None = None
     for index, line in enumerate(_decoded_lines(chunk.data)):
-        if not line:
-            continue
+        if not line.strip(b" \t" if isinstance(line, bytes) else " \t"):
+            continue  # blank, or spaces and tabs only
         try:
             if isinstance(line, bytes):
                 line.decode("utf-8")  # raises, saying where and why
@@ -494,14 +510,33 @@ def _finish_ids(ids: list, fmt: Format) -> np.ndarray:
 
 def _int_id(token: object) -> int:
     if isinstance(token, bool) or not isinstance(token, (str, int)):
-        raise TypeError(f"id {token!r} must be a str or int")
+        raise TypeError(f"id {_cut(token)} must be a str or int")
+    if isinstance(token, str) and not _INT_TOKEN.fullmatch(token):
+        raise ValueError(f"id {_cut(token)} is not an integer (pass ids='str' for string ids)")
     try:
         value = int(token)
-    except ValueError:
-        raise ValueError(f"id {token!r} is not an integer (pass ids='str' for string ids)") from None
+    except ValueError:  # more digits than Python converts at once: far past int64 too
+        value = 2**63
     if value not in _INT64_RANGE:
-        raise ValueError(f"id {token!r} does not fit in int64 (pass ids='str' to hash it)")
+        raise ValueError(f"id {_cut(token)} does not fit in int64 (pass ids='str' to hash it)")
     return value
+
+
+def _number(token: object, what: str = "weight") -> float:
+    """A float as pyarrow reads one (Python's ``float`` alone also takes '1_5' and non-ASCII
+    digits)."""
+    if isinstance(token, str) and (not token.isascii() or "_" in token or not token.strip()):
+        raise ValueError(f"{what} {_cut(token)} is not a number")
+    try:
+        return float(token)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        raise ValueError(f"{what} {_cut(token)} is not a number") from None
+
+
+def _cut(token: object, limit: int = 40) -> str:
+    """``repr(token)``, cut short: a reason names the token, the line is shown after it."""
+    shown = repr(token)
+    return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
 def _str_id(token: object) -> str:
@@ -514,7 +549,7 @@ def _str_id(token: object) -> str:
 def _pair(fields: list, convert_id: Callable) -> list[tuple]:
     if len(fields) not in (2, 3):
         raise ValueError(f"expected 2 or 3 fields (src, dst[, weight]), got {len(fields)}")
-    weight = float(fields[2]) if len(fields) == 3 else 1.0
+    weight = _number(fields[2]) if len(fields) == 3 else 1.0
     return [(convert_id(fields[0]), convert_id(fields[1]), weight)]
 
 
@@ -524,13 +559,13 @@ def _set(fields: list, convert_id: Callable) -> list[tuple]:
     source = convert_id(fields[0])
     rows = []
     for target in fields[1:]:
-        dst, _, weight = str(target).replace(":", "|").partition("|")
-        rows.append((source, convert_id(dst), float(weight) if weight else 1.0))
+        dst, marked, weight = str(target).replace(":", "|").partition("|")
+        rows.append((source, convert_id(dst), _number(weight) if marked else 1.0))
     return rows
 
 
 def _vector(fields: list, convert_id: Callable) -> list[tuple]:
-    return [(convert_id(fields[0]), [float(value) for value in fields[1:]])]
+    return [(convert_id(fields[0]), [_number(value, "value") for value in fields[1:]])]
 
 
 _INTERPRET: dict[str, Callable[[list, Callable], list[tuple]]] = {
