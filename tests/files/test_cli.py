@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardwise.cli import main
+from shardwise.distributed.launch import free_port
 
 
 def test_load_spawns_ranks_and_saves_partitions_that_add_up_to_the_input(
@@ -74,6 +75,33 @@ def test_a_bad_line_is_one_clean_line_under_nproc_as_in_process(tmp_path: Path) 
     assert re.sub(r"rank \d+: ", "", errors[True]) == re.sub(r"rank \d+: ", "", errors[False])
     assert "pass --ids str" in errors[True] and "--on-error skip" in errors[True]
     assert "ids='str'" not in errors[True] and "on_error" not in errors[True]
+
+
+@pytest.mark.timeout(120)
+def test_raw_lines_fail_together_on_ranks_started_apart_or_skip_the_bad_line(tmp_path: Path) -> None:
+    """Ranks started as torchrun starts them: a line that is not UTF-8 on rank 1's share is
+    raised by rank 0 too (not a lost connection), and --on-error skip counts it instead."""
+    (tmp_path / "a.txt").write_bytes(b"one\ntwo\nthree\n" + b"fo\xffur\nfive\nsix\n")
+    port = str(free_port())
+    for skip in ([], ["--on-error", "skip"]):
+        runs = [subprocess.Popen(
+            [sys.executable, "-m", "shardwise", "load", str(tmp_path / "a.txt"), "--pattern",
+             "linesplit", "--save", str(tmp_path / "out"), *skip],
+            env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+        outputs = [run.communicate() for run in runs]
+        if skip:
+            assert [run.returncode for run in runs] == [0, 0], outputs
+            assert "skipped" in outputs[0][0]
+            with np.load(tmp_path / "out" / "rank-00001-of-00002.npz") as part:
+                assert part["lines"].tolist() == ["five", "six"]
+        else:
+            assert [run.returncode for run in runs] == [2, 2], outputs
+            for _, err in outputs:
+                assert err.strip().endswith("a.txt:4: not valid UTF-8 (invalid start byte); "
+                                            "re-encode the file as UTF-8"), err
+        port = str(free_port())
 
 
 def _rank_processes(parent: int) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,14 @@ from rich.table import Table
 
 from shardwise.cli.storage import add_storage_option, storage_options
 from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
+from shardwise.distributed.consistency import together
 from shardwise.distributed.launch import process_group_from_env, spawn_local
 from shardwise.distributed.world import gather_objects, group_world
 from shardwise.files import (
     PATTERNS,
+    BadLine,
     LoadStats,
+    Plan,
     agreed_plan,
     load_graph,
     load_matrix,
@@ -32,7 +36,8 @@ from shardwise.files import (
 )
 from shardwise.files.columnar import columnar_format
 from shardwise.files.graph import KINDS
-from shardwise.files.read import chunk_lines, iter_chunks
+from shardwise.files.patterns import MAX_EXAMPLES
+from shardwise.files.read import chunk_lines, iter_chunks, split_lines
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -118,7 +123,7 @@ def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
         if options["columns"] is not None:
             raise ValueError("--columns reads Parquet or Arrow IPC columns into records; "
                              "--pattern linesplit reads raw text lines: drop one of them")
-        return _load_lines(options["paths"], options["storage_options"])
+        return _load_lines(options["paths"], options["storage_options"], options["on_error"])
     if pattern == "fvec":
         vectors = load_vectors(options["paths"], progress=progress, **parse)
         return vectors.stats, {"ids": vectors.ids, "values": vectors.values}
@@ -132,7 +137,7 @@ def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
                          "weight": graph.weight}
 
 
-def _load_lines(paths: list[str], storage_options: dict[str, Any]
+def _load_lines(paths: list[str], storage_options: dict[str, Any], on_error: str
                 ) -> tuple[LoadStats, dict[str, np.ndarray]]:
     world_size, rank = group_world()
     started = time.perf_counter()
@@ -141,13 +146,40 @@ def _load_lines(paths: list[str], storage_options: dict[str, Any]
     if columnar is not None:
         raise ValueError(f"--pattern linesplit reads text lines, but {columnar} is a columnar "
                          "file: load its rows with --columns and a record pattern instead")
-    lines, bytes_read = [], 0
-    for chunk in iter_chunks(the_plan, rank, world_size):
-        lines.extend(chunk_lines(chunk))
-        bytes_read += len(chunk.data)
+    # Raised on every rank, as a record pattern's errors are: no rank is left waiting.
+    lines, bad, bytes_read = together(lambda: _rank_lines(the_plan, rank, on_error))
+    if bad:
+        warnings.warn(f"rank {rank} skipped {len(bad)} line(s); the first: "
+                      + "; ".join(str(line) for line in bad[:3]), stacklevel=2)
     seconds = {"read+parse": time.perf_counter() - started}
-    stats = LoadStats(rank, world_size, bytes_read, len(lines), len(lines), len(lines), 0, seconds)
+    stats = LoadStats(rank, world_size, bytes_read, len(lines) + len(bad), len(lines), len(lines),
+                      len(bad), seconds, tuple(bad[:MAX_EXAMPLES]))
     return stats, {"lines": np.array(lines, dtype=str)}
+
+
+def _rank_lines(the_plan: Plan, rank: int, on_error: str) -> tuple[list[str], list[BadLine], int]:
+    """This rank's lines, the lines that are not valid UTF-8 (with ``on_error="skip"``), and the
+    bytes read."""
+    lines: list[str] = []
+    bad: list[BadLine] = []
+    bytes_read = 0
+    for chunk in iter_chunks(the_plan, rank, the_plan.world_size):
+        bytes_read += len(chunk.data)
+        try:
+            lines.extend(chunk_lines(chunk))
+        except ValueError:  # a line is not valid UTF-8: the error names it
+            if on_error == "raise":
+                raise
+            first = chunk.line_number()
+            for index, raw in enumerate(split_lines(chunk.data)):
+                try:
+                    lines.append(raw.decode("utf-8"))
+                except UnicodeDecodeError as error:
+                    bad.append(BadLine(chunk.source.name, first + index,
+                                       raw.decode("utf-8", "replace"),
+                                       f"not valid UTF-8 ({error.reason}); re-encode the file "
+                                       "as UTF-8"))
+    return lines, bad, bytes_read
 
 
 def _column_names(text: str) -> tuple[str, ...]:
