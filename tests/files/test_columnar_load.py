@@ -199,3 +199,38 @@ def test_a_vector_holding_a_null_value_is_a_bad_row_and_empty_files_are_fine(tmp
     with pytest.warns(UserWarning, match="skipped 1 malformed row"):
         ids, values = load_vectors(tmp_path, columns=("id", "v"), on_error="skip")
     assert ids.tolist() == [2, 3] and values.tolist() == [[2.0, 3.0], [4.0, 5.0]]
+
+
+def test_ids_the_text_loader_refuses_are_bad_rows_and_other_encodings_are_read(tmp_path) -> None:
+    """An unsigned id past 2**63 - 1 or an empty string id is a bad row, named or skipped as a
+    bad line is; categorical id columns, and binary ids that are not UTF-8, load."""
+    pq.write_table(pa.table({"src": pa.array([1, 2**63, 3], pa.uint64()),
+                             "dst": pa.array([4, 5, 6], pa.uint64())}), tmp_path / "u.parquet")
+    with pytest.raises(ParseError, match=r"u.parquet:2: id 9223372036854775808 in column 'src' "
+                                         r"does not fit in int64"):
+        load_graph(tmp_path / "u.parquet", "fmap", columns=("src", "dst"))
+    with pytest.warns(UserWarning, match="skipped 1 malformed row"):
+        graph = load_graph(tmp_path / "u.parquet", "fmap", columns=("src", "dst"), on_error="skip")
+    assert (graph.row_ids.tolist(), graph.stats.skipped) == ([1, 3], 1)
+
+    text = tmp_path / "text.csv"
+    text.write_bytes(b"a,x\n\xff,y\n")  # not UTF-8: a bad line in text, a fine binary id here
+    pq.write_table(pa.table({"src": pa.array([b"a", b"\xff", b""], pa.binary()),
+                             "dst": pa.array(["x", "y", "z"]).dictionary_encode()}),
+                   tmp_path / "s.parquet")
+    with pytest.raises(ParseError, match=r"s.parquet:3: empty id in column 'src'"):
+        load_graph(tmp_path / "s.parquet", "fmap", ids="str", columns=("src", "dst"))
+    with pytest.warns(UserWarning, match="skipped 1 malformed row"):
+        graph = load_graph(tmp_path / "s.parquet", "fmap", ids="str", columns=("src", "dst"),
+                           on_error="skip")
+    with pytest.warns(UserWarning, match="skipped 1 malformed line"):
+        from_text = load_graph(text, "fmap", ids="str", on_error="skip")
+    assert graph.stats.records_owned == 2
+    assert from_text.row_ids.tolist()[0] in graph.row_ids.tolist()  # 'a' hashes alike
+
+
+def test_a_file_that_is_not_parquet_is_named(tmp_path) -> None:
+    (tmp_path / "t.parquet").write_text("1,2\n" * 100)
+    with pytest.raises(ValueError, match=r"t.parquet is not a readable Parquet file \(Parquet "
+                                         r"magic bytes not found"):
+        load_graph(tmp_path / "t.parquet", "fmap", columns=("src", "dst"))

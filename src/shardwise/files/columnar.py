@@ -231,7 +231,11 @@ def _units(source: Source) -> list[Unit]:
     # Small reads ask for little: an IPC file's batch metadata lies between the batches' bodies.
     with source.open(buffer_bytes=_METADATA_READ_BYTES) as handle:
         if kind == "parquet":
-            meta = pq.ParquetFile(handle).metadata
+            try:
+                meta = pq.ParquetFile(handle).metadata
+            except pa.ArrowInvalid as error:  # pyarrow's words name no file
+                raise ValueError(f"{source.name} is not a readable Parquet file ({error}); "
+                                 "check that it is one, whole, or rename it") from None
             return [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
                     for i in range(meta.num_row_groups)]
         batches = record_batches(handle, source.size, source.name)  # no batch body is read

@@ -6,7 +6,11 @@ or ``(id, values)`` (one list column) for vectors. With ``ids="int"`` id columns
 integers; with ``ids="str"`` they hold text (integers are read as their decimal text), hashed as
 the text loader hashes string ids, so the same id gets the same integer from either kind of input.
 
-A null in a named column, or a vector of the wrong length or holding a null, is a bad row:
+Dictionary-encoded (categorical) columns are read as their values, and a binary id column's
+bytes are hashed as they are (they need not be UTF-8).
+
+A null in a named column, an id the text loader would refuse too (an empty string, an unsigned
+integer past 2**63 - 1), or a vector of the wrong length or holding a null, is a bad row:
 ``on_error="raise"`` raises ``ParseError`` naming its file and row (counted from 1 in the file,
 as lines are); ``"skip"`` counts it and goes on. A column of the wrong type, or one the file
 lacks, is an error naming it whatever ``on_error`` says, as no row of that input can be right.
@@ -138,6 +142,7 @@ def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: 
     >>> [c.tolist() for c in part.columns], [str(bad) for bad in part.examples]
     ([[1], [3], [0.5]], ["e.parquet:2: null in column 'b': '{a: 2, b: None, w: 1.0}'"])
     """
+    table = _dictionaries_decoded(table, columns)
     bad_rows = np.zeros(table.num_rows, dtype=bool)
     for column in columns:
         bad_rows |= _nulls(table[column])
@@ -145,7 +150,7 @@ def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: 
         ids, values, wrong_length = _vectors(table, fmt, columns, bad_rows, name)
         bad_rows |= wrong_length
     else:
-        ids = _ids(table, columns[:2], fmt, name)
+        ids = _ids(table, columns[:2], fmt, name, bad_rows)
         weight = (_floats(table[columns[2]], columns[2], name) if len(columns) == 3
                   else np.ones(table.num_rows))
     examples = tuple(_bad_row(table, row, columns, name, first_row, fmt) for row in
@@ -170,8 +175,13 @@ def _first_rows(the_plan: TablePlan) -> dict[Unit, int]:
     return first
 
 
-def _ids(table: pa.Table, names: Sequence[str], fmt: Format, file: str) -> list[np.ndarray]:
-    """The id columns ``names``; string ids hashed and checked for collisions across them."""
+def _ids(table: pa.Table, names: Sequence[str], fmt: Format, file: str,
+         bad_rows: np.ndarray) -> list[np.ndarray]:
+    """The id columns ``names``; string ids hashed and checked for collisions across them.
+
+    Rows whose id the text loader would refuse (an unsigned id past 2**63 - 1, an empty string)
+    are marked in ``bad_rows``: ``_bad_row`` says why.
+    """
     for name in names:
         kind = table[name].type
         if fmt.ids == "int" and not pa.types.is_integer(kind):
@@ -180,9 +190,44 @@ def _ids(table: pa.Table, names: Sequence[str], fmt: Format, file: str) -> list[
         if fmt.ids != "int" and not (_is_text(kind) or pa.types.is_integer(kind)):
             raise TypeError(f"{file}: id column {name!r} holds {kind}, not text or integers")
     if fmt.ids == "int":
-        return [_filled(table[name], pa.int64(), 0) for name in names]
-    return hash_together([pc.fill_null(table[name].cast(pa.string()), "").cast(pa.binary())
-                          for name in names])
+        columns = []
+        for name in names:
+            column = table[name]
+            if column.type == pa.uint64():
+                too_big = pc.greater(column, pa.scalar(_INT64_MAX, pa.uint64()))
+                bad_rows |= _true(too_big)
+                column = pc.if_else(too_big, pa.scalar(0, pa.uint64()), column)
+            columns.append(_filled(column, pa.int64(), 0))
+        return columns
+    # Bytes as they are (a binary id need not be UTF-8); integers as their decimal text.
+    texts = [_id_bytes(table[name]) for name in names]
+    for text in texts:
+        bad_rows |= _true(pc.equal(pc.binary_length(text), 0))
+    return hash_together(texts)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _id_bytes(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_integer(column.type):
+        column = column.cast(pa.string())
+    return pc.fill_null(column.cast(pa.binary()), pa.scalar(b"", pa.binary()))
+
+
+def _true(mask: pa.ChunkedArray) -> np.ndarray:
+    """A boolean column as NumPy, nulls as False."""
+    return to_numpy(pc.fill_null(mask, False).cast(pa.int32())).astype(bool)
+
+
+def _dictionaries_decoded(table: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``table`` with its named dictionary-encoded (categorical) columns as plain values."""
+    for name in columns:
+        kind = table.schema.field(name).type if name in table.column_names else None
+        if kind is not None and pa.types.is_dictionary(kind):
+            table = table.set_column(table.column_names.index(name), name,
+                                     table[name].cast(kind.value_type))
+    return table
 
 
 def _floats(column: pa.ChunkedArray, name: str, file: str) -> np.ndarray:
@@ -196,7 +241,7 @@ def _vectors(table: pa.Table, fmt: Format, columns: tuple[str, ...], bad_rows: n
              file: str) -> tuple[np.ndarray, np.ndarray | list[np.ndarray], np.ndarray]:
     """Ids, the values (a ``(rows, features)`` array from a list column, else one array per
     value column), and which rows hold a vector of another length (or with a null value)."""
-    ids, = _ids(table, columns[:1], fmt, file)
+    ids, = _ids(table, columns[:1], fmt, file, bad_rows)
     wrong_length = np.zeros(table.num_rows, dtype=bool)
     if len(columns) > 2 or not _is_list(table[columns[1]].type):
         # One array per feature, which the record builder copies in column by column.
@@ -222,8 +267,16 @@ def _bad_row(table: pa.Table, row: int, columns: tuple[str, ...], file: str, fir
              fmt: Format) -> BadLine:
     values = {c: table[c][int(row)].as_py() for c in columns}
     nulls = [c for c in columns if values[c] is None]
+    ids = columns[: 1 if fmt.pattern == "fvec" else 2]
+    too_big = [c for c in ids if isinstance(values[c], int) and values[c] > _INT64_MAX]
+    empty = [c for c in ids if values[c] in ("", b"")]
     if nulls:
         reason = f"null in column {nulls[0]!r}"
+    elif too_big and fmt.ids == "int":
+        reason = (f"id {values[too_big[0]]} in column {too_big[0]!r} does not fit in int64 "
+                  "(pass ids='str' to hash it)")
+    elif empty and fmt.ids != "int":
+        reason = f"empty id in column {empty[0]!r}"
     elif None in values[columns[1]]:
         reason = f"null value in the vector in column {columns[1]!r}"
     else:
