@@ -119,6 +119,11 @@ def test_directories_and_globs_expand_sorted_and_skip_hidden_files(tmp_path: Pat
     assert read_lines(tmp_path, 0, 1) == ["a", "b"]
     assert read_lines(str(tmp_path / "*.txt"), 0, 1) == ["a"]
     assert read_lines(f"file://{tmp_path}/sub/b.txt", 0, 1) == ["b"]
+    # A glob matches as Spark's do: matched directories are walked, hidden names are skipped.
+    assert read_lines(str(tmp_path / "*"), 0, 1) == ["a", "b"]
+    assert read_lines(str(tmp_path / "**"), 0, 1) == ["a", "b"]
+    with pytest.raises(FileNotFoundError, match="names that start with . or _ are skipped"):
+        read_lines(str(tmp_path / "_*"), 0, 1)
 
 
 def test_missing_inputs_raise_errors_naming_them(tmp_path: Path) -> None:

@@ -149,6 +149,14 @@ def test_a_missing_or_forbidden_object_fails_at_once_naming_it(
 
 
 @pytest.mark.timeout(60)
+def test_a_glob_walks_the_prefixes_it_matches_and_skips_hidden_names(store: ObjectStore) -> None:
+    store.upload({"globbed/a.csv": b"a\n", "globbed/sub/b.csv": b"b\n", "globbed/_SUCCESS": b"",
+                  "globbed/sub/.b.csv.crc": b"junk\n"})
+    lines = read_lines(f"s3://{BUCKET}/globbed/*", 0, 1, storage_options=store.options())
+    assert lines == ["a", "b"]
+
+
+@pytest.mark.timeout(60)
 def test_an_object_deleted_or_shrunk_after_planning_is_an_error_naming_it(
     store: ObjectStore
 ) -> None:

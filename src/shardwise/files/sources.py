@@ -17,7 +17,7 @@ import io
 import os
 import posixpath
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import partial
@@ -91,7 +91,8 @@ def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[
 
     Directories are walked recursively, following symlinked directories but walking each real
     directory once (so a symlink loop ends), and skipping names that start with ``.`` or ``_``
-    (such as ``_SUCCESS`` markers and ``.crc`` files). A file named twice (directly, by a directory
+    (such as ``_SUCCESS`` markers and ``.crc`` files). A glob matches as Spark's do: a directory
+    it matches is walked so, and a name it matches that starts with ``.`` or ``_`` is skipped. A file named twice (directly, by a directory
     or glob, or through a symlink) is an error, as its lines would be read twice. URLs are opened
     with ``storage_options`` (fsspec's keyword arguments, such as ``key``, ``secret`` and
     ``endpoint_url`` for ``s3://``).
@@ -152,10 +153,17 @@ def _expand_local(url: str, path: str) -> tuple[str, dict[str, int]]:
     """The folder names are relative to, and each file's size, for one local path or glob."""
     if _is_glob(path):
         # fsspec's glob neither follows nor types symlinks: Python's glob does
-        found = {p: size for p in glob.glob(path, recursive=True)
-                 if (size := _local_size(p)) is not None}
+        found = {}
+        for match in glob.glob(path, recursive=True):
+            if _hidden(os.path.basename(os.path.normpath(match))):
+                continue
+            if (size := _local_size(match)) is None:  # a directory
+                found.update(_walk_local(match))
+            else:
+                found[match] = size
         if not found:
-            raise FileNotFoundError(f"no input file matches the glob {url!r}")
+            raise FileNotFoundError(f"no input file matches the glob {url!r} (names that start "
+                                    "with . or _ are skipped)")
         return LocalFileSystem._strip_protocol(_glob_prefix(url)), found
     if os.path.isdir(path):
         found = _walk_local(path)
@@ -175,9 +183,17 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
     # In an http(s) URL "?" starts the query (a presigned URL's signature), as fsspec reads it.
     if _is_glob(path, "*[" if "http" in fs.protocol else "*?["):
         listed = ask(lambda: fs.glob(path, detail=True), request="listing the objects it matches")
-        found = {p: info["size"] for p, info in listed.items() if info["type"] == "file"}
+        found = {}
+        for match, info in listed.items():
+            if _hidden(posixpath.basename(match.rstrip("/"))):
+                continue
+            if info["type"] == "directory":
+                found.update(_find_remote(fs, match, ask))
+            else:
+                found[match] = info["size"]
         if not found:
-            raise FileNotFoundError(f"no input file matches the glob {public!r}")
+            raise FileNotFoundError(f"no input file matches the glob {public!r} (names that "
+                                    "start with . or _ are skipped)")
         return fs._strip_protocol(_glob_prefix(url)), found
     try:
         info = ask(lambda: fs.info(path), request="asking what it is")
@@ -185,9 +201,7 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
         raise FileNotFoundError(f"input file not found: {public!r} (check the path or URL)"
                                 ) from None
     if info["type"] == "directory":
-        listed = ask(lambda: fs.find(path, detail=True), request="listing the objects under it")
-        found = {p: entry["size"] for p, entry in listed.items()
-                 if not _hidden(posixpath.relpath(p, path))}
+        found = _find_remote(fs, path, ask)
         if not found:
             raise FileNotFoundError(f"input directory {public!r} holds no files")
         return path, found
@@ -195,6 +209,13 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
         raise ValueError(f"{public} has no known size (the server sent no Content-Length), so "
                          "it cannot be split into byte ranges; serve it with its length")
     return path, {path: info["size"]}
+
+
+def _find_remote(fs: AbstractFileSystem, folder: str, ask: Callable) -> dict[str, int]:
+    """The visible objects under ``folder`` (a prefix) and their sizes."""
+    listed = ask(lambda: fs.find(folder, detail=True), request="listing the objects under it")
+    return {p: entry["size"] for p, entry in listed.items()
+            if not _hidden(posixpath.relpath(p, folder))}
 
 
 def _walk_local(root: str) -> dict[str, int]:
