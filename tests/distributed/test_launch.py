@@ -50,6 +50,8 @@ def _rank_1_does(action: str) -> None:
             raise ValueError("bad value 7")
         if action == "raise named":
             raise ValueError("rank 1: bad value 7")
+        if action == "raise named together":
+            raise ValueError("ranks 0, 1: bad value 7")
         if action == "sleep":
             time.sleep(600)
     torch_dist.barrier()
@@ -108,6 +110,8 @@ def test_a_rank_error_is_raised_here_as_itself_with_its_traceback() -> None:
 def test_a_message_that_names_a_rank_is_left_alone() -> None:
     with pytest.raises(ValueError, match=r"^rank 1: bad value 7$"):
         spawn_local(_rank_1_does, 2, "raise named")
+    with pytest.raises(ValueError, match=r"^ranks 0, 1: bad value 7$"):
+        spawn_local(_rank_1_does, 2, "raise named together")
 
 
 @pytest.mark.timeout(60)

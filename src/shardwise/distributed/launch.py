@@ -37,7 +37,7 @@ _GRACE_S = 1.0
 # How long ranks that all returned may take to exit (destroying their process group) before
 # they are stopped.
 _EXIT_S = 10.0
-_NAMES_A_RANK = re.compile(r"\brank \d+\b")
+_NAMES_A_RANK = re.compile(r"\branks? \d+\b")  # "rank 1: ..." or "ranks 0, 1: ..."
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
