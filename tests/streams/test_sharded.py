@@ -148,3 +148,59 @@ def test_three_gloo_ranks_read_every_item_once():
 
     seen = Counter(item for share in spawn_local(_on_every_rank, 3, timeout=100) for item in share)
     assert seen == everything([3, 5, 2, 7, 1, 4])
+
+
+def _shards_in_rank_order() -> str:
+    import torch.distributed as dist
+
+    from shardwise import InconsistentRanksError
+
+    a, b, c, d = [0, 1], [2, 3], [4, 5], [6, 7]  # listed in another order on rank 1
+    shards = [a, b, c, d] if dist.get_rank() == 0 else [b, a, d, c]
+    try:
+        list(DataLoader(shard_iterable(shards=shards), batch_size=2))
+    except InconsistentRanksError as error:
+        return str(error)
+    return "loaded"
+
+
+@pytest.mark.timeout(120)
+def test_ranks_given_different_shard_lists_are_stopped():
+    from shardwise import spawn_local
+
+    said = spawn_local(_shards_in_rank_order, 2, timeout=100)
+    assert all("rank 1 has fingerprint=" in message for message in said), said
+
+
+def test_shards_are_named_alike_on_every_rank_by_what_they_read(tmp_path):
+    from shardwise.streams.files import line_shards
+
+    (tmp_path / "a.txt").write_text("1\n")
+    (tmp_path / "b.txt").write_text("22\n")
+    files = shard_iterable(shards=line_shards(tmp_path), rank=0, world_size=1)
+    assert files.fingerprint() == shard_iterable(shards=line_shards(tmp_path), rank=0,
+                                                 world_size=1).fingerprint()
+    assert files.fingerprint() != shard_iterable(shards=line_shards(tmp_path)[::-1], rank=0,
+                                                 world_size=1).fingerprint()
+    assert files.config() == {"dataset": "ShardedIterable", "shards": 2, "streamed": False,
+                              "num_replicas": 1}
+
+
+@pytest.mark.timeout(60)
+def test_a_state_is_refused_by_another_number_of_workers_or_a_shorter_shard_list():
+    stream = shard_iterable(shards=shards_of([3, 4, 5]), rank=0, world_size=1)
+    items = iter(stream)
+    next(items)
+    state = stream.state_dict()  # one consumer: no workers
+    resumed = shard_iterable(shards=shards_of([3, 4, 5]), rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match="saved by 1 consumers .* this pass has 2"):
+        list(TorchLoader(resumed, batch_size=None, num_workers=2))
+    shorter = shard_iterable(shards=shards_of([3]), rank=0, world_size=1)
+    shorter.load_state_dict({**state, "progress": {"0": [4, 0]}})
+    with pytest.raises(ValueError, match="consumer 0 read 4 shards, but it has 1"):
+        list(shorter)
+    with pytest.raises(TypeError, match="is the dict state_dict\\(\\) gave, got list"):
+        shorter.load_state_dict([state])
+    with pytest.raises(TypeError, match="no 'progress'"):
+        shorter.load_state_dict({key: v for key, v in state.items() if key != "progress"})

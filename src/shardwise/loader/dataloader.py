@@ -284,8 +284,12 @@ class DataLoader(TorchDataLoader[T_co]):
 
 def _checked_sampler(loader: DataLoader, torch_samplers: bool) -> Any | None:
     """The sampler the ranks must agree on: a shardwise sampler, or (``torch_samplers``)
-    torch's DistributedSampler."""
-    for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+    torch's DistributedSampler; for an IterableDataset, the stream that splits itself over the
+    ranks (a ``ShardedIterable``, or one that a ``ShuffleBuffer`` reads)."""
+    stream = loader.dataset if isinstance(loader.dataset, IterableDataset) else None
+    while stream is not None and not callable(getattr(stream, "config", None)):
+        stream = getattr(stream, "iterable", None)  # what a wrapper such as ShuffleBuffer reads
+    for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None), stream):
         if callable(getattr(sampler, "config", None)) and callable(
                 getattr(sampler, "fingerprint", None)):
             return sampler

@@ -35,6 +35,10 @@ class LineShard:
 
     source: Source
 
+    def identity(self) -> str:
+        """The same on every rank that names the same file: its name and size."""
+        return f"lines of {self.source.name} ({self.source.size} bytes)"
+
     def __iter__(self) -> Iterator[str]:
         for chunk in iter_chunks(Plan((self.source,), 1), 0, 1, block_bytes=_BLOCK_BYTES):
             yield from chunk_lines(chunk)
@@ -46,6 +50,11 @@ class RowGroupShard:
 
     unit: Unit
     columns: tuple[str, ...] | None = None
+
+    def identity(self) -> str:
+        """The same on every rank that names the same row group of the same file."""
+        return (f"row group {self.unit.index} of {self.unit.source.name} ({self.unit.rows} rows, "
+                f"columns {self.columns})")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         table: pa.Table = read_unit(self.unit, 0, self.unit.rows, self.columns)

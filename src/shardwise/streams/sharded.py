@@ -10,14 +10,21 @@ dataset) is split over every consumer of the job: ``rank * num_workers + worker`
   ``c, c + C, ...`` (each reads everything; nothing is kept twice).
 
 Progress is kept as (shard, offset) per consumer, so ``state_dict()`` resumes mid-stream, mid-shard
-without reading the shards already done. torchdata's ``StatefulDataLoader`` saves and restores it
+without reading the shards already done, on as many ranks and workers. torchdata's ``StatefulDataLoader`` saves and restores it
 per worker; with no workers it is this object's own. Each new pass starts from the beginning,
 but the first pass after ``load_state_dict``. Pass a stream that can be iterated again (a list,
 a dataset; not a one-off generator), or, for one that must be reopened, ``shards=[open_it]``.
+
+Ranks given different shard lists (another order, one more file) would read some shards twice and
+others never: ``config()`` and ``fingerprint()`` describe the list, so ``check_consistent`` (and
+``shardwise.DataLoader`` at each pass) stops ranks that differ.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -60,6 +67,7 @@ class ShardedIterable(IterableDataset):
         # consumer -> (its shard number, items read in it): this pass's, and a loaded one's
         self._progress: dict[int, tuple[int, int]] = {}
         self._resume: dict[int, tuple[int, int]] = {}
+        self._consumers: int | None = None  # of the pass begun here, or of a loaded state
 
     def consumer(self) -> tuple[int, int]:
         """``(this consumer, all consumers)``: this rank and DataLoader worker among all of them."""
@@ -73,11 +81,20 @@ class ShardedIterable(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         me, consumers = self.consumer()
+        if self._resume and self._consumers not in (None, consumers):
+            raise ValueError(
+                f"the state was saved by {self._consumers} consumers (ranks x DataLoader "
+                f"workers) but this pass has {consumers}: resume with as many workers, or the "
+                "stream would read some items twice and others never")
+        self._consumers = consumers
         whole = self.by_shard(consumers)
         # Whole shards, round-robin; or every shard, keeping every C-th item (rotated per shard
         # so short shards do not all favour the first consumers).
         mine = range(me, len(self.shards), consumers) if whole else range(len(self.shards))
         first, offset = self._resume.pop(me, (0, 0))  # each pass starts afresh, unless resumed
+        if first > len(mine):
+            raise ValueError(f"the state says consumer {me} read {first} shards, but it has "
+                             f"{len(mine)}: was it saved with another shard list?")
         self._progress[me] = (first, offset)
         for number in range(first, len(mine)):
             items = _open(self.shards[mine[number]])
@@ -93,18 +110,41 @@ class ShardedIterable(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Each consumer's (shard number among its shards, items read in it): resumes mid-shard."""
         return {"version": STATE_VERSION, "world_size": self.world_size,
+                "consumers": self._consumers,
                 "progress": {str(c): list(p) for c, p in self._progress.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a saved progress (the same world size and number of workers)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a ShardedIterable state is the dict state_dict() gave, got "
+                            f"{type(state).__name__}")
         if state.get("version") != STATE_VERSION or state.get("world_size") != self.world_size:
             raise ValueError(f"the state was saved by {state.get('world_size')!r} ranks (version "
                              f"{state.get('version')!r}); this stream is split over "
                              f"{self.world_size}: resume it on as many ranks")
+        progress, consumers = state.get("progress"), state.get("consumers")
+        if not isinstance(progress, Mapping):
+            raise TypeError("the state has no 'progress' of its consumers: pass what "
+                            "state_dict() gave")
         self._resume = {int(c): (require_int("saved shard", p[0], minimum=0),
                                  require_int("saved offset", p[1], minimum=0))
-                        for c, p in state["progress"].items()}
+                        for c, p in progress.items()}
         self._progress = dict(self._resume)
+        # States saved before the count was kept have none: they are taken on trust.
+        self._consumers = None if consumers is None else require_int(
+            "saved consumers", consumers, minimum=1)
+
+    def config(self) -> dict[str, Any]:
+        """What every rank must agree on, compared by :func:`shardwise.check_consistent`."""
+        return {"dataset": "ShardedIterable", "shards": len(self.shards),
+                "streamed": self.streamed, "num_replicas": self.world_size}
+
+    def fingerprint(self) -> int:
+        """A digest of the shard list, in order (see ``shard_identity``)."""
+        digest = hashlib.blake2b(digest_size=8)
+        for shard in self.shards:
+            digest.update(shard_identity(shard).encode("utf-8", "backslashreplace") + b"\0")
+        return int.from_bytes(digest.digest(), "little") >> 1  # fits an int64
 
 
 def shard_iterable(
@@ -116,6 +156,41 @@ def shard_iterable(
 ) -> ShardedIterable:
     """Split a stream (``iterable``) or a list of shards (``shards=``) over ranks and workers."""
     return ShardedIterable(iterable, rank, world_size, shards=shards)
+
+
+def shard_identity(shard: Shard) -> str:
+    """What names a shard alike on every rank: a file shard by its file (and row group), a path
+    by itself, a function by its qualified name (a ``functools.partial`` by its arguments too), a
+    short list of plain values by its values, anything else by its type and length.
+
+    >>> shard_identity([1, 2]), shard_identity("data/a.txt"), shard_identity(range(3))
+    ('list[1, 2]', 'data/a.txt', 'range(0, 3)')
+    """
+    if callable(getattr(shard, "identity", None)):
+        return str(shard.identity())
+    if isinstance(shard, (str, os.PathLike)):
+        return os.fspath(shard)
+    if isinstance(shard, range):
+        return repr(shard)
+    if isinstance(shard, functools.partial):
+        parts = [shard_identity(shard.func), *map(_plain, shard.args),
+                 *(f"{key}={_plain(value)}" for key, value in sorted(shard.keywords.items()))]
+        return f"partial({', '.join(parts)})"
+    if callable(shard) and not hasattr(shard, "__iter__"):
+        return f"{getattr(shard, '__module__', '?')}.{getattr(shard, '__qualname__', '?')}"
+    if isinstance(shard, (list, tuple)) and len(shard) <= _LISTED and all(
+            isinstance(item, _PLAIN) for item in shard):
+        return f"{type(shard).__name__}{list(shard)!r}"
+    size = f"[{len(shard)}]" if hasattr(shard, "__len__") else ""
+    return f"{type(shard).__module__}.{type(shard).__qualname__}{size}"
+
+
+_PLAIN = (int, float, str, bytes, bool, type(None))
+_LISTED = 64  # a list of at most this many plain values is named by them
+
+
+def _plain(value: Any) -> str:
+    return repr(value) if isinstance(value, _PLAIN) else shard_identity(value)
 
 
 def _open(shard: Shard) -> Iterator[Any]:
