@@ -6,6 +6,8 @@ The same input gives the same output in every process, run and platform, unlike 
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import numpy.typing as npt
 
@@ -41,3 +43,16 @@ def mix_ints(*values: int) -> int:
     for value in values:
         key = int(mix64(np.uint64(key) ^ np.uint64(value % 2**64)))
     return key
+
+
+def digest(*chunks: bytes | np.ndarray) -> int:
+    """A 63-bit digest of every byte given (an array by its contents), for ranks to compare
+    whole inputs, not samples of them: about 1 ms per MB.
+
+    >>> digest(b"ab") == digest(np.frombuffer(b"ab", np.uint8)) != digest(b"ba")
+    True
+    """
+    hashed = hashlib.blake2b(digest_size=8)
+    for chunk in chunks:
+        hashed.update(np.ascontiguousarray(chunk).data if isinstance(chunk, np.ndarray) else chunk)
+    return int.from_bytes(hashed.digest(), "little") >> 1  # fits an int64

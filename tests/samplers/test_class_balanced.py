@@ -104,6 +104,7 @@ def test_a_state_from_another_configuration_is_refused(change, field):
 @pytest.mark.parametrize("labels,error,message", [
     ([], ValueError, "non-empty 1-D"), ([[0, 1]], ValueError, "non-empty 1-D"),
     ([0.0, float("nan")], ValueError, "NaN"), ([1, "a", None], TypeError, "one type"),
+    ([1, "1", 2, 2], TypeError, "one type"),  # NumPy would make "1" of 1: one class
 ])
 def test_bad_labels_are_named(labels, error, message):
     with pytest.raises(error, match=message):
@@ -116,6 +117,12 @@ def test_check_consistent_sees_its_configuration():
     assert sampler.config()["classes"] == 2
     other = ClassBalancedSampler(make_labels([4, 4], seed=1), num_replicas=1, rank=0)
     assert other.fingerprint() != sampler.fingerprint()  # different labels, same sizes
+    labels = make_labels([500, 500])
+    swapped = labels.copy()
+    first_1, first_0 = np.flatnonzero(labels == 1)[0], np.flatnonzero(labels == 0)[-1]
+    swapped[[first_1, first_0]] = swapped[[first_0, first_1]]  # two labels trade places
+    assert (ClassBalancedSampler(labels, 1, 0).fingerprint()
+            != ClassBalancedSampler(swapped, 1, 0).fingerprint())
 
 
 def _balanced_on_every_rank() -> list[int]:

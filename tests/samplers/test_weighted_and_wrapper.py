@@ -96,6 +96,20 @@ def test_bad_weights_are_named(weights, options, message):
         WeightedDistributedSampler(weights, **arguments)
 
 
+def test_extreme_weights_draw_only_positive_weights_and_differences_are_seen():
+    huge = WeightedDistributedSampler([1e308, 1e308, 0.0, 1e308], 3000, num_replicas=1, rank=0)
+    counts = Counter(huge)  # the sum overflows a float
+    assert set(counts) == {0, 1, 3} and min(counts.values()) > 800
+    tiny = WeightedDistributedSampler([0.0, 1.0, 1e-320], 1, replacement=False, num_replicas=2,
+                                      rank=1)
+    assert list(tiny) == [2]  # a subnormal weight still comes before a zero one
+    weights = np.arange(1.0, 1001.0)
+    swapped = weights.copy()
+    swapped[[1, 950]] = swapped[[950, 1]]
+    assert (WeightedDistributedSampler(weights, 5, num_replicas=1, rank=0).fingerprint()
+            != WeightedDistributedSampler(swapped, 5, num_replicas=1, rank=0).fingerprint())
+
+
 def test_wrapper_splits_any_samplers_epoch_with_every_index_once():
     def inner():
         return RandomSampler(range(23), generator=torch.Generator().manual_seed(4))

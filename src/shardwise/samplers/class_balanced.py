@@ -23,14 +23,11 @@ import torch
 
 from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
-from shardwise.mix import mix64, mix_ints
+from shardwise.mix import digest, mix64, mix_ints
 from shardwise.order import FeistelOrder
 from shardwise.samplers.passes import SEED_MAX, SEED_MIN
 from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
 from shardwise.split import rank_count
-
-_FINGERPRINT_POINTS = 64
-
 
 
 class ClassBalancedSampler(RankStreamSampler):
@@ -74,8 +71,10 @@ class ClassBalancedSampler(RankStreamSampler):
         self.class_sizes = np.bincount(codes, minlength=len(self.classes))
         self._members = np.argsort(codes, kind="stable")  # class c's samples, in index order
         self._starts = np.concatenate([[0], np.cumsum(self.class_sizes)])
-        self._fingerprint_points = codes[np.linspace(0, self.size - 1, _FINGERPRINT_POINTS,
-                                                     dtype=np.int64)]
+        # Every label counts: two ranks whose labels differ only in order would draw overlapping
+        # samples. Codes in the smallest integer type, so 10^7 labels hash in about 10 ms.
+        self._labels_digest = digest(codes.astype(np.min_scalar_type(len(self.classes))),
+                                     repr(self.classes.tolist()).encode())
         self._init_epochs()
 
     # -- the stream ------------------------------------------------------------------------------
@@ -133,9 +132,8 @@ class ClassBalancedSampler(RankStreamSampler):
                 "num_replicas": self.num_replicas, "num_samples": self.num_samples}
 
     def fingerprint(self) -> int:
-        """A digest of the labels (class sizes and labels at fixed positions) and the position."""
-        return mix_ints(self.size, *self.class_sizes[:_FINGERPRINT_POINTS].tolist(),
-                        *self._fingerprint_points.tolist(), self._at.offset)
+        """A digest of all the labels, and the position."""
+        return mix_ints(self._labels_digest, self._at.offset)
 
     def __repr__(self) -> str:
         return f"ClassBalancedSampler(rank={self.rank}, " + ", ".join(
@@ -152,7 +150,9 @@ def _class_codes(labels: Any) -> tuple[np.ndarray, np.ndarray]:
                          f"shape {values.shape}")
     if values.dtype.kind == "f" and np.isnan(values).any():
         raise ValueError("labels hold NaN: give every sample a class")
-    if values.dtype.kind == "O":
+    if values.dtype.kind == "O" or (values.dtype.kind in "US" and not isinstance(labels, np.ndarray)
+                                    and not all(isinstance(label, (str, bytes)) for label in labels)):
+        # (NumPy would turn [1, "1"] into two equal strings: one class.)
         raise TypeError("labels must be numbers or strings of one type (a NumPy-sortable array)")
     classes, codes = np.unique(values, return_inverse=True)
     return codes.reshape(-1).astype(np.int64), classes

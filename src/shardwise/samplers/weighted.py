@@ -18,7 +18,7 @@ import torch
 
 from shardwise.checks import require_bool, require_int
 from shardwise.distributed.world import resolve_world
-from shardwise.mix import mix_ints
+from shardwise.mix import digest, mix_ints
 from shardwise.samplers.passes import SEED_MAX, SEED_MIN
 from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
 
@@ -63,7 +63,11 @@ class WeightedDistributedSampler(RankStreamSampler):
                 f"without replacement {self.num_replicas} ranks cannot draw {self.num_samples} "
                 f"samples each: only {positive} samples have a positive weight; lower "
                 "num_samples or pass replacement=True")
-        self._cumulative = np.cumsum(self.weights)
+        # Weights near the largest float add up past it: their sum is taken at a scale that
+        # fits (the draws are proportional all the same).
+        self._cumulative = np.cumsum(self.weights / self.weights.max())
+        self._last_drawable = int(np.flatnonzero(self.weights)[-1])
+        self._weights_digest = digest(self.weights)  # every weight counts, not a sample of them
         self._cached_permutation: tuple[int, np.ndarray] | None = None
         self._init_epochs()
 
@@ -75,7 +79,9 @@ class WeightedDistributedSampler(RankStreamSampler):
         generator = np.random.PCG64(self._stream_seed(at.epoch))
         generator.advance(first)  # one 64-bit draw a sample: jump straight to the position
         uniform = np.random.Generator(generator).random(count) * self._cumulative[-1]
-        return np.searchsorted(self._cumulative, uniform, side="right").astype(np.int64)
+        found = np.searchsorted(self._cumulative, uniform, side="right")
+        # A draw rounded up to the total itself would land past the last positive weight.
+        return np.minimum(found, self._last_drawable).astype(np.int64)
 
     def _stream_seed(self, epoch: int) -> np.random.SeedSequence:
         """This rank's child of the epoch's root seed: children of one root never coincide."""
@@ -89,8 +95,10 @@ class WeightedDistributedSampler(RankStreamSampler):
             uniform = np.random.Generator(np.random.PCG64(
                 np.random.SeedSequence([self.seed % 2**64, epoch % 2**64]))).random(
                 len(self.weights))
+            # Exponential keys of rate w, -log(1 - u) / w, compared by their logarithms: a
+            # tiny weight's key stays finite there instead of tying with zero weights' (inf).
             with np.errstate(divide="ignore"):
-                keys = -np.log1p(-uniform) / self.weights  # exponential, rate w: zero weight, inf
+                keys = np.log(-np.log1p(-uniform)) - np.log(self.weights)
             order = np.argsort(keys, kind="stable")[: self.num_samples * self.num_replicas]
             self._cached_permutation = (epoch, order.astype(np.int64))
         return self._cached_permutation[1]
@@ -104,10 +112,8 @@ class WeightedDistributedSampler(RankStreamSampler):
                 "replacement": self.replacement, "num_replicas": self.num_replicas}
 
     def fingerprint(self) -> int:
-        """A digest of the weights (their sum and a few cumulative sums) and the position."""
-        points = np.linspace(0, len(self.weights) - 1, 64, dtype=np.int64)
-        sums = self._cumulative[points].view(np.int64).tolist()
-        return mix_ints(len(self.weights), *sums, self._at.offset)
+        """A digest of all the weights, and the position."""
+        return mix_ints(self._weights_digest, self._at.offset)
 
 
 def _checked_weights(weights: Any) -> np.ndarray:

@@ -23,7 +23,6 @@ others never: ``config()`` and ``fingerprint()`` describe the list, so ``check_c
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
@@ -34,6 +33,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
+from shardwise.mix import digest
 
 STATE_VERSION = 1
 Shard = Iterable[Any] | Callable[[], Iterable[Any]]
@@ -141,10 +141,8 @@ class ShardedIterable(IterableDataset):
 
     def fingerprint(self) -> int:
         """A digest of the shard list, in order (see ``shard_identity``)."""
-        digest = hashlib.blake2b(digest_size=8)
-        for shard in self.shards:
-            digest.update(shard_identity(shard).encode("utf-8", "backslashreplace") + b"\0")
-        return int.from_bytes(digest.digest(), "little") >> 1  # fits an int64
+        return digest(*(shard_identity(shard).encode("utf-8", "backslashreplace") + b"\0"
+                        for shard in self.shards))
 
 
 def shard_iterable(
