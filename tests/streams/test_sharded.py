@@ -204,3 +204,17 @@ def test_a_state_is_refused_by_another_number_of_workers_or_a_shorter_shard_list
         shorter.load_state_dict([state])
     with pytest.raises(TypeError, match="no 'progress'"):
         shorter.load_state_dict({key: v for key, v in state.items() if key != "progress"})
+
+
+def test_a_shard_that_refuses_its_length_is_named_by_its_type():
+    from shardwise.streams.sharded import shard_identity
+
+    class Unsized(torch.utils.data.IterableDataset):
+        def __len__(self):
+            raise TypeError("a stream has no length")
+
+        def __iter__(self):
+            return iter(range(3))
+
+    assert shard_identity(Unsized()).endswith("Unsized")
+    assert shard_identity(iter([1, 2])) == "builtins.list_iterator"

@@ -10,8 +10,8 @@ dataset) is split over every consumer of the job: ``rank * num_workers + worker`
   ``c, c + C, ...`` (each reads everything; nothing is kept twice).
 
 Progress is kept as (shard, offset) per consumer, so ``state_dict()`` resumes mid-stream, mid-shard
-without reading the shards already done, on as many ranks and workers. torchdata's ``StatefulDataLoader`` saves and restores it
-per worker; with no workers it is this object's own. Each new pass starts from the beginning,
+without reading the shards already done, on as many ranks and workers. torchdata's
+``StatefulDataLoader`` saves and restores it per worker; with no workers it is this object's own. Each new pass starts from the beginning,
 but the first pass after ``load_state_dict``. Pass a stream that can be iterated again (a list,
 a dataset; not a one-off generator), or, for one that must be reopened, ``shards=[open_it]``.
 
@@ -179,7 +179,10 @@ def shard_identity(shard: Shard) -> str:
     if isinstance(shard, (list, tuple)) and len(shard) <= _LISTED and all(
             isinstance(item, _PLAIN) for item in shard):
         return f"{type(shard).__name__}{list(shard)!r}"
-    size = f"[{len(shard)}]" if hasattr(shard, "__len__") else ""
+    try:
+        size = f"[{len(shard)}]"  # type: ignore[arg-type]
+    except TypeError:  # no length (a stream), or one that refuses to tell
+        size = ""
     return f"{type(shard).__module__}.{type(shard).__qualname__}{size}"
 
 
