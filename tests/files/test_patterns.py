@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.files import BadLine, Format, ParseError, read_records, string_ids
+from shardwise.files import BadLine, Format, ParseError, read_lines, read_records, string_ids
 from shardwise.files.ids import check_distinct
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -330,6 +330,7 @@ def test_a_byte_order_mark_and_blank_lines_are_not_records(tmp_path):
     with_bad = _write(tmp_path, text + "x,y\n", "bad.txt")
     records, stats = read_records(with_bad, Format("fmap", on_error="skip"))
     assert (_edges(records), stats.skipped, stats.examples[0].line) == (expected, 1, 5)
+    assert read_lines(path, 0, 1)[0] == "1,2"  # raw lines too
     named = read_records(_write(tmp_path, "\ufeffa,b\n", "s.txt"), Format("fmap", ids="str"))[0]
     assert named["src"].tolist() == string_ids(["a"]).tolist()
 

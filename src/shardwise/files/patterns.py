@@ -33,7 +33,7 @@ import pyarrow.csv as pacsv
 from shardwise.checks import require_int
 from shardwise.files.arrow import from_numpy, to_numpy
 from shardwise.files.ids import check_distinct, hash_together, string_ids
-from shardwise.files.read import Chunk, split_lines
+from shardwise.files.read import Chunk, split_lines, without_bom
 from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
 
 PATTERNS = ("fmap", "smap", "fsmap", "fset", "fvec")
@@ -54,7 +54,6 @@ _INT64_RANGE = range(-(2**63), 2**63)
 # What pyarrow reads as a number, so a line means the same on either path: decimal digits with an
 # optional '-' (no '+', '_', hex or non-ASCII digits) around which spaces and tabs are trimmed.
 _INT_TOKEN = re.compile(r"[ \t]*-?[0-9]+[ \t]*")
-_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors put first in a file
 
 
 @dataclass(frozen=True)
@@ -165,8 +164,7 @@ def parse_chunk(chunk: Chunk, fmt: Format) -> Parsed:
 
     For ``fvec``, ``fmt.features`` must be set (``read_records`` sets it from the first line).
     """
-    if chunk.start == 0 and chunk.data.startswith(_BOM):  # not part of the first line
-        chunk = Chunk(chunk.source, len(_BOM), chunk.data[len(_BOM):])
+    chunk = without_bom(chunk)
     columns, bad = _parse(chunk, fmt)
     return Parsed(columns, chunk.line_count(), len(bad), tuple(bad[:MAX_EXAMPLES]))
 

@@ -204,8 +204,24 @@ def leading_lines(paths: Paths | Plan) -> Iterator[bytes]:
                 yield from split_lines(b"".join(pending))
 
 
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors put first in a file
+
+
+def without_bom(chunk: Chunk) -> Chunk:
+    """``chunk`` without the byte order mark that may open its file: not part of the first line.
+
+    >>> without_bom(Chunk(None, 0, b"\\xef\\xbb\\xbfa\\n")).data
+    b'a\\n'
+    """
+    if chunk.start == 0 and chunk.data.startswith(_BOM):
+        return Chunk(chunk.source, len(_BOM), chunk.data[len(_BOM):])
+    return chunk
+
+
 def chunk_lines(chunk: Chunk) -> list[str]:
-    """The lines of one chunk, decoded, terminators removed (blank lines kept)."""
+    """The lines of one chunk, decoded, terminators removed (blank lines kept; a byte order
+    mark opening the file removed)."""
+    chunk = without_bom(chunk)
     try:
         text = chunk.data.decode("utf-8")
     except UnicodeDecodeError as error:
