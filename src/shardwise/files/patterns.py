@@ -236,8 +236,10 @@ class RecordBuilder:
 
 
 def _parse(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
-    if fmt.parser is None and _reads_alike(chunk.data, fmt):
+    if fmt.parser is None:
         try:
+            if not _reads_alike(chunk.data, fmt):
+                raise _NeedsSlowPath  # halved below: only the pieces with the odd line go per line
             return _FAST[fmt.pattern](chunk.data, fmt), []
         except (pa.ArrowInvalid, _NeedsSlowPath):
             pass

@@ -289,6 +289,8 @@ def _checked_sampler(loader: DataLoader, torch_samplers: bool) -> Any | None:
     stream = loader.dataset if isinstance(loader.dataset, IterableDataset) else None
     while stream is not None and not callable(getattr(stream, "config", None)):
         stream = getattr(stream, "iterable", None)  # what a wrapper such as ShuffleBuffer reads
+    if getattr(stream, "world_size", 1) == 1:
+        stream = None  # split over workers only (rank 0 evaluating alone, say): nothing to compare
     for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None), stream):
         if callable(getattr(sampler, "config", None)) and callable(
                 getattr(sampler, "fingerprint", None)):
