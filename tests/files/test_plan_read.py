@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from pathlib import Path
@@ -74,7 +75,7 @@ def test_ranges_are_contiguous_and_within_one_byte_of_equal(sizes: list[int], wo
         the_plan = plan(paths, world_size)
         bounds = [the_plan.bounds(rank) for rank in range(world_size)]
         assert bounds[0][0] == 0 and bounds[-1][1] == sum(sizes)
-        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
         widths = [stop - start for start, stop in bounds]
         assert max(widths) - min(widths) <= 1
         for rank, (start, stop) in enumerate(bounds):
@@ -188,6 +189,26 @@ def test_symlinked_directories_are_walked_once_and_loops_end(tmp_path: Path) -> 
     with pytest.raises(ValueError, match=r"linked/b.txt \(the same file as .*c.txt\) is named"):
         plan(root, 1)
     assert read_lines(str(tmp_path / "*" / "linked" / "*.txt"), 0, 1) == ["b"]
+
+
+def test_a_glob_reads_a_directory_reached_by_two_names_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    (data / "a" / "x.txt").write_text("x\n")
+    (data / "link").symlink_to(data / "a", target_is_directory=True)  # a sibling, not a loop
+    for pattern in ("*", "*/x.txt", "**", "**/*.txt"):
+        assert [s.name for s in plan(str(data / pattern), 1).sources] == [
+            str(data / "a" / "x.txt")], pattern
+
+
+def test_a_glob_skips_files_in_hidden_folders_unless_it_names_them(tmp_path: Path) -> None:
+    (tmp_path / "_tmp").mkdir()
+    (tmp_path / "_tmp" / "part-1.txt").write_text("unfinished\n")
+    (tmp_path / "part-0.txt").write_text("done\n")
+    assert read_lines(str(tmp_path / "**" / "part-*.txt"), 0, 1) == ["done"]
+    with pytest.raises(FileNotFoundError, match="names that start with . or _ are skipped"):
+        read_lines(str(tmp_path / "*" / "part-*.txt"), 0, 1)
+    assert read_lines(str(tmp_path / "_tmp" / "*.txt"), 0, 1) == ["unfinished"]
 
 
 def test_broken_and_looping_symlinks_are_errors_naming_them(tmp_path: Path) -> None:

@@ -157,6 +157,21 @@ def test_a_glob_walks_the_prefixes_it_matches_and_skips_hidden_names(store: Obje
 
 
 @pytest.mark.timeout(60)
+def test_a_recursive_glob_lists_once_and_skips_hidden_prefixes(store: ObjectStore) -> None:
+    objects = {f"deep/{i}/{j}/part-{i}{j}.csv": f"{i}{j}\n".encode()
+               for i in range(4) for j in range(5)}
+    store.upload({**objects, "deep/_tmp/part-x.csv": b"unfinished\n", "deep/0/_SUCCESS": b""})
+    store.faults.reset()
+    lines = read_lines(f"s3://{BUCKET}/deep/**/part-*.csv", 0, 1, storage_options=store.options())
+    assert lines == [f"{i}{j}" for i in range(4) for j in range(5)]
+    listings = [r for r in store.faults.requests if r.range is None and r.method == "GET"]
+    assert len(listings) == 1, listings  # not one more per matched prefix
+    assert read_lines(f"s3://{BUCKET}/deep/**", 0, 1, storage_options=store.options()) == lines
+    assert read_lines(f"s3://{BUCKET}/deep/_tmp/*", 0, 1, storage_options=store.options()
+                      ) == ["unfinished"]
+
+
+@pytest.mark.timeout(60)
 def test_an_object_deleted_or_shrunk_after_planning_is_an_error_naming_it(
     store: ObjectStore
 ) -> None:

@@ -16,6 +16,7 @@ import glob
 import io
 import os
 import posixpath
+import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
@@ -26,6 +27,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
+from fsspec.utils import glob_translate
 
 from shardwise.files.credentials import hide, public_url, secrets_in
 from shardwise.files.remote import RetriedFile, retried
@@ -92,8 +94,10 @@ def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[
     Directories are walked recursively, following symlinked directories but walking each real
     directory once (so a symlink loop ends), and skipping names that start with ``.`` or ``_``
     (such as ``_SUCCESS`` markers and ``.crc`` files). A glob matches as Spark's do: a directory
-    it matches is walked so, and a name it matches that starts with ``.`` or ``_`` is skipped. A file named twice (directly, by a directory
-    or glob, or through a symlink) is an error, as its lines would be read twice. URLs are opened
+    it matches is walked so, and a file whose path below the glob's fixed folders has a part
+    starting with ``.`` or ``_`` (``_tmp/a.txt``) is skipped, unless the glob spells that part
+    out. A file named twice (directly, by a directory or glob, or through a symlink to a file) is
+    an error, as its lines would be read twice. URLs are opened
     with ``storage_options`` (fsspec's keyword arguments, such as ``key``, ``secret`` and
     ``endpoint_url`` for ``s3://``).
 
@@ -152,19 +156,7 @@ def _expand_one(url: str, storage_options: StorageOptions) -> list[Source]:
 def _expand_local(url: str, path: str) -> tuple[str, dict[str, int]]:
     """The folder names are relative to, and each file's size, for one local path or glob."""
     if _is_glob(path):
-        # fsspec's glob neither follows nor types symlinks: Python's glob does
-        found = {}
-        for match in glob.glob(path, recursive=True):
-            if _hidden(os.path.basename(os.path.normpath(match))):
-                continue
-            if (size := _local_size(match)) is None:  # a directory
-                found.update(_walk_local(match))
-            else:
-                found[match] = size
-        if not found:
-            raise FileNotFoundError(f"no input file matches the glob {url!r} (names that start "
-                                    "with . or _ are skipped)")
-        return LocalFileSystem._strip_protocol(_glob_prefix(url)), found
+        return LocalFileSystem._strip_protocol(_glob_prefix(url)), _glob_local(url, path)
     if os.path.isdir(path):
         found = _walk_local(path)
         if not found:
@@ -175,6 +167,29 @@ def _expand_local(url: str, path: str) -> tuple[str, dict[str, int]]:
     raise FileNotFoundError(f"input file not found: {url!r} (check the path or URL)")
 
 
+def _glob_local(url: str, pattern: str) -> dict[str, int]:
+    """The visible files a local glob matches, and those under the directories it matches.
+
+    A real directory is read under one name, the first matched, so a symlink to a sibling
+    directory (``data/*`` matching ``data/a`` and ``data/link``) adds nothing, as in a walk.
+    """
+    found: dict[str, int] = {}
+    names: dict[tuple[int, int], str] = {}  # each real directory, and the name it is read under
+    prefix = _glob_prefix(pattern)
+    # fsspec's glob neither follows nor types symlinks: Python's glob does
+    for match in sorted(map(os.path.normpath, glob.glob(pattern, recursive=True))):
+        if _hidden(posixpath.relpath(match, prefix), _literal_parts(pattern)):
+            continue
+        if (size := _local_size(match)) is None:  # a directory
+            found.update(_walk_local(match, names))
+        elif names.setdefault(_inode(folder := os.path.dirname(match) or "."), folder) == folder:
+            found[match] = size
+    if not found:
+        raise FileNotFoundError(f"no input file matches the glob {url!r} (names that start "
+                                "with . or _ are skipped)")
+    return found
+
+
 def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
                    secrets: frozenset[str]) -> tuple[str, dict[str, int]]:
     """As ``_expand_local`` for a URL: one object, a prefix holding objects, or a glob."""
@@ -182,19 +197,12 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
     ask = partial(retried, name=public, secrets=secrets)
     # In an http(s) URL "?" starts the query (a presigned URL's signature), as fsspec reads it.
     if _is_glob(path, "*[" if "http" in fs.protocol else "*?["):
-        listed = ask(lambda: fs.glob(path, detail=True), request="listing the objects it matches")
-        found = {}
-        for match, info in listed.items():
-            if _hidden(posixpath.basename(match.rstrip("/"))):
-                continue
-            if info["type"] == "directory":
-                found.update(_find_remote(fs, match, ask))
-            else:
-                found[match] = info["size"]
+        root = fs._strip_protocol(_glob_prefix(url))
+        found = _glob_remote(fs, path, root, ask)
         if not found:
             raise FileNotFoundError(f"no input file matches the glob {public!r} (names that "
                                     "start with . or _ are skipped)")
-        return fs._strip_protocol(_glob_prefix(url)), found
+        return root, found
     try:
         info = ask(lambda: fs.info(path), request="asking what it is")
     except FileNotFoundError:
@@ -211,6 +219,42 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
     return path, {path: info["size"]}
 
 
+def _glob_remote(fs: AbstractFileSystem, pattern: str, root: str,
+                 ask: Callable) -> dict[str, int]:
+    """The visible objects a glob matches, and those under the prefixes it matches."""
+    if "**" in pattern:
+        # fsspec's glob lists everything under the root for ``**``: list it once here and match
+        # in memory, rather than list each matched prefix again.
+        listed = ask(lambda: fs.find(root, withdirs=True, detail=True),
+                     request="listing the objects it matches")
+        matches = re.compile(glob_translate(pattern)).match
+        matched = {path for path, info in listed.items()
+                   if matches(path) or info["type"] == "directory" and matches(path + "/")}
+        below = {path: info["size"] for path, info in listed.items()
+                 if info["type"] != "directory" and _under(path, matched, root)}
+    else:
+        listed = ask(lambda: fs.glob(pattern, detail=True), request="listing the objects it matches")
+        below = {}
+        for match, info in listed.items():
+            if info["type"] == "directory":
+                below.update(_find_remote(fs, match, ask))
+            else:
+                below[match] = info["size"]
+    named = _literal_parts(pattern)
+    return {path: size for path, size in below.items()
+            if not _hidden(posixpath.relpath(path, root), named)}
+
+
+def _under(path: str, folders: AbstractSet[str], root: str) -> bool:
+    """Whether ``path`` or a folder above it, below ``root``, is in ``folders``."""
+    while path not in folders:
+        parent = posixpath.dirname(path)
+        if parent == path or len(parent) <= len(root):
+            return False
+        path = parent
+    return True
+
+
 def _find_remote(fs: AbstractFileSystem, folder: str, ask: Callable) -> dict[str, int]:
     """The visible objects under ``folder`` (a prefix) and their sizes."""
     listed = ask(lambda: fs.find(folder, detail=True), request="listing the objects under it")
@@ -218,20 +262,22 @@ def _find_remote(fs: AbstractFileSystem, folder: str, ask: Callable) -> dict[str
             if not _hidden(posixpath.relpath(p, folder))}
 
 
-def _walk_local(root: str) -> dict[str, int]:
+def _walk_local(root: str, names: dict[tuple[int, int], str] | None = None) -> dict[str, int]:
     """The visible files under ``root`` and their sizes, through symlinked directories too.
 
-    Each real directory (device and inode) is walked once, so a link back to an ancestor (a loop)
-    or a second link to a walked directory adds nothing and cannot recurse forever.
+    Each real directory (device and inode) is walked once, under the first name it is reached
+    by (``names`` holds those read already), so a link back to an ancestor (a loop) or a second
+    link to a walked directory adds nothing and cannot recurse forever.
     """
     found: dict[str, int] = {}
-    walked = {_inode(root)}
+    names = {} if names is None else names
+    if names.setdefault(_inode(root), root) != root:
+        return found
     for folder, folders, files in os.walk(root, followlinks=True, onerror=_raise):
         kept = []
         for name in sorted(folders):
-            inode = _inode(os.path.join(folder, name))
-            if not _hidden(name) and inode not in walked:
-                walked.add(inode)
+            path = os.path.join(folder, name)
+            if not _hidden(name) and names.setdefault(_inode(path), path) == path:
                 kept.append(name)
         folders[:] = kept
         for name in files:
@@ -273,8 +319,16 @@ def _identity(source: Source) -> str:
     return source.fs.unstrip_protocol(source.path)
 
 
-def _hidden(relative: str) -> bool:
-    return any(part.startswith((".", "_")) for part in relative.split("/"))
+def _hidden(relative: str, named: AbstractSet[str] = frozenset()) -> bool:
+    """Whether a path below a walked or globbed folder has a part starting with ``.`` or ``_``
+    (Spark's hidden files) that the user did not spell out (``named``)."""
+    return any(part.startswith((".", "_")) and part != "." and part not in named
+               for part in relative.split("/"))
+
+
+def _literal_parts(pattern: str) -> frozenset[str]:
+    """The parts of a glob without wildcards, which it names on purpose: ``_tmp`` in ``_tmp/*``."""
+    return frozenset(part for part in pattern.split("/") if not _is_glob(part))
 
 
 def _display_name(url: str, fs: AbstractFileSystem, root: str, path: str) -> str:
