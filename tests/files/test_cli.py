@@ -77,6 +77,17 @@ def test_a_bad_line_is_one_clean_line_under_nproc_as_in_process(tmp_path: Path) 
     assert "ids='str'" not in errors[True] and "on_error" not in errors[True]
 
 
+def test_skipping_a_bad_raw_line_keeps_the_byte_order_mark_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfone\nt\xffwo\nthree\n")
+    assert main(["load", str(tmp_path / "a.txt"), "--pattern", "linesplit", "--on-error", "skip",
+                 "--save", str(tmp_path / "out")]) == 0
+    assert "a.txt:2: not valid UTF-8" in capsys.readouterr().out
+    with np.load(tmp_path / "out" / "rank-00000-of-00001.npz") as part:
+        assert part["lines"].tolist() == ["one", "three"]
+
+
 @pytest.mark.timeout(120)
 def test_raw_lines_fail_together_on_ranks_started_apart_or_skip_the_bad_line(tmp_path: Path) -> None:
     """Ranks started as torchrun starts them: a line that is not UTF-8 on rank 1's share is

@@ -331,8 +331,17 @@ def test_a_byte_order_mark_and_blank_lines_are_not_records(tmp_path):
     records, stats = read_records(with_bad, Format("fmap", on_error="skip"))
     assert (_edges(records), stats.skipped, stats.examples[0].line) == (expected, 1, 5)
     assert read_lines(path, 0, 1)[0] == "1,2"  # raw lines too
+    assert read_lines(_write(tmp_path, "\ufeff", "mark.txt"), 0, 1) == []  # as an empty file
     named = read_records(_write(tmp_path, "\ufeffa,b\n", "s.txt"), Format("fmap", ids="str"))[0]
     assert named["src"].tolist() == string_ids(["a"]).tolist()
+
+
+def test_doubled_carriage_returns_end_a_line_as_one_does(tmp_path):
+    expected = [(1, 2, 1.0), (3, 4, 1.0)]
+    path = _write(tmp_path, "1,2\r\r\n3,4\r\n")
+    assert _edges(read_records(path, Format("fmap"))[0]) == expected
+    named = read_records(_write(tmp_path, "a,b\r\r\n", "s.txt"), Format("fmap", ids="str"))[0]
+    assert named["dst"].tolist() == string_ids(["b"]).tolist()
 
 
 def test_a_reason_quotes_a_long_token_cut_short(tmp_path):

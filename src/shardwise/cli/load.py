@@ -37,7 +37,7 @@ from shardwise.files import (
 from shardwise.files.columnar import columnar_format
 from shardwise.files.graph import KINDS
 from shardwise.files.patterns import MAX_EXAMPLES
-from shardwise.files.read import chunk_lines, iter_chunks, split_lines
+from shardwise.files.read import chunk_lines, iter_chunks, split_lines, without_bom
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -165,6 +165,7 @@ def _rank_lines(the_plan: Plan, rank: int, on_error: str) -> tuple[list[str], li
     bytes_read = 0
     for chunk in iter_chunks(the_plan, rank, the_plan.world_size):
         bytes_read += len(chunk.data)
+        chunk = without_bom(chunk)
         try:
             lines.extend(chunk_lines(chunk))
         except ValueError:  # a line is not valid UTF-8: the error names it

@@ -426,6 +426,8 @@ def _slow(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
     bad: list[BadLine] = []
     first_line_number: int | None = None
     for index, line in enumerate(_decoded_lines(chunk.data)):
+        # More \r before a line's end (\r\r\n) end it too, as in pyarrow and pandas.
+        line = line.rstrip(b"\r" if isinstance(line, bytes) else "\r")
         if not line.strip(b" \t" if isinstance(line, bytes) else " \t"):
             continue  # blank, or spaces and tabs only
         try:

@@ -238,6 +238,8 @@ def split_lines(text: AnyStr) -> list[AnyStr]:
     >>> split_lines(b"a\\r\\n\\nb")
     [b'a', b'', b'b']
     """
+    if not text:
+        return []  # not one empty line
     newline, carriage = ("\n", "\r") if isinstance(text, str) else (b"\n", b"\r")
     lines = text.split(newline)
     if text.endswith(newline):
