@@ -218,3 +218,32 @@ def test_a_shard_that_refuses_its_length_is_named_by_its_type():
 
     assert shard_identity(Unsized()).endswith("Unsized")
     assert shard_identity(iter([1, 2])) == "builtins.list_iterator"
+
+    class Unknowable(Unsized):
+        def __len__(self):
+            raise NotImplementedError
+
+    assert shard_identity(Unknowable()).endswith("Unknowable")
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self) -> list[str]:
+        return [self.path]
+
+
+def _reader(path: str):
+    return lambda: [path]
+
+
+def test_shards_made_by_functions_are_told_apart_by_what_they_hold():
+    from shardwise.streams.sharded import shard_identity
+
+    shard_lists = [[lambda i=i: [i] for i in range(3)], [_reader(p) for p in ("a", "b")],
+                   [_Reader("a"), _Reader("b")], [_Reader("a").__call__, _Reader("b").__call__]]
+    for shards in shard_lists:
+        names = [shard_identity(shard) for shard in shards]
+        assert len(set(names)) == len(names), names
+        assert names == [shard_identity(shard) for shard in shards]  # and the same each time

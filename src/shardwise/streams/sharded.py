@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -158,11 +159,15 @@ def shard_iterable(
 
 def shard_identity(shard: Shard) -> str:
     """What names a shard alike on every rank: a file shard by its file (and row group), a path
-    by itself, a function by its qualified name (a ``functools.partial`` by its arguments too), a
-    short list of plain values by its values, anything else by its type and length.
+    by itself, a function by its qualified name (with the plain values it holds as defaults or
+    in its closure, so ``[lambda i=i: read(i) for i in ...]`` differ), a ``functools.partial`` by
+    its arguments too, an object that is called by its class and plain attributes, a short list
+    of plain values by its values, anything else by its type and length.
 
     >>> shard_identity([1, 2]), shard_identity("data/a.txt"), shard_identity(range(3))
     ('list[1, 2]', 'data/a.txt', 'range(0, 3)')
+    >>> shard_identity(functools.partial(pow, 2))
+    'partial(builtins.pow, 2)'
     """
     if callable(getattr(shard, "identity", None)):
         return str(shard.identity())
@@ -175,15 +180,15 @@ def shard_identity(shard: Shard) -> str:
                  *(f"{key}={_plain(value)}" for key, value in sorted(shard.keywords.items()))]
         return f"partial({', '.join(parts)})"
     if callable(shard) and not hasattr(shard, "__iter__"):
-        return f"{getattr(shard, '__module__', '?')}.{getattr(shard, '__qualname__', '?')}"
+        return _callable_identity(shard)
     if isinstance(shard, (list, tuple)) and len(shard) <= _LISTED and all(
             isinstance(item, _PLAIN) for item in shard):
         return f"{type(shard).__name__}{list(shard)!r}"
     try:
         size = f"[{len(shard)}]"  # type: ignore[arg-type]
-    except TypeError:  # no length (a stream), or one that refuses to tell
+    except Exception:  # noqa: BLE001 - no length (a stream), or one that refuses to tell
         size = ""
-    return f"{type(shard).__module__}.{type(shard).__qualname__}{size}"
+    return f"{_qualified(type(shard))}{size}"
 
 
 _PLAIN = (int, float, str, bytes, bool, type(None))
@@ -192,6 +197,41 @@ _LISTED = 64  # a list of at most this many plain values is named by them
 
 def _plain(value: Any) -> str:
     return repr(value) if isinstance(value, _PLAIN) else shard_identity(value)
+
+
+def _callable_identity(function: Callable[..., Any]) -> str:
+    """A function or method by its qualified name and the plain values it holds; any other
+    callable object by its class and its plain attributes."""
+    if isinstance(function, types.MethodType):
+        return f"{_plain(function.__self__)}.{function.__name__}"
+    if not isinstance(function, (types.FunctionType, types.BuiltinFunctionType, type)):
+        held = getattr(function, "__dict__", {})
+        return f"{_qualified(type(function))}({_held(held.items())})"
+    name = _qualified(function)
+    if not isinstance(function, types.FunctionType):
+        return name
+    code = function.__code__
+    cells = [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
+    values = [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values(), *cells]
+    held = _held((str(index), value) for index, value in enumerate(values))
+    return f"{name}:{code.co_firstlineno}({held})" if held else f"{name}:{code.co_firstlineno}"
+
+
+def _held(items: Iterable[tuple[str, Any]]) -> str:
+    """``name=value`` for the plain values among ``items``, in order."""
+    return ", ".join(f"{name}={value!r}" for name, value in items if isinstance(value, _PLAIN))
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _qualified(thing: Any) -> str:
+    return f"{getattr(thing, '__module__', '?')}.{getattr(thing, '__qualname__', '?')}"
 
 
 def _open(shard: Shard) -> Iterator[Any]:
