@@ -180,8 +180,9 @@ def _glob_local(url: str, pattern: str) -> dict[str, int]:
     for match in sorted(map(os.path.normpath, glob.glob(pattern, recursive=True))):
         if _hidden(posixpath.relpath(match, prefix), _literal_parts(pattern)):
             continue
-        if (size := _local_size(match)) is None:  # a directory
-            found.update(_walk_local(match, names))
+        if (size := _local_size(match)) is None:  # a directory, unless walked (``data/**``)
+            if _inode(match) not in names:
+                found.update(_walk_local(match, names))
         elif names.setdefault(_inode(folder := os.path.dirname(match) or "."), folder) == folder:
             found[match] = size
     if not found:
@@ -271,8 +272,7 @@ def _walk_local(root: str, names: dict[tuple[int, int], str] | None = None) -> d
     """
     found: dict[str, int] = {}
     names = {} if names is None else names
-    if names.setdefault(_inode(root), root) != root:
-        return found
+    names[_inode(root)] = root
     for folder, folders, files in os.walk(root, followlinks=True, onerror=_raise):
         kept = []
         for name in sorted(folders):
