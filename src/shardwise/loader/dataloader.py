@@ -3,6 +3,7 @@ moves batches through shared memory instead of pickling them."""
 
 from __future__ import annotations
 
+import operator
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -117,6 +118,11 @@ class DataLoader(TorchDataLoader[T_co]):
         if distributed:
             shuffle = None  # the sampler shuffles
         worker_type = require_choice("worker_type", worker_type, WORKER_TYPES)
+        try:  # torch's fails at iter() on a float, deep in its own code
+            num_workers = operator.index(num_workers)
+        except TypeError:
+            raise TypeError(f"num_workers must be an int (0 loads batches in this process), got "
+                            f"{num_workers!r}") from None
         if worker_type == "thread" and multiprocessing_context is not None:
             raise ValueError("multiprocessing_context starts worker processes, but "
                              "worker_type='thread' runs threads: pass one of them")
@@ -126,10 +132,15 @@ class DataLoader(TorchDataLoader[T_co]):
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
-        # torch fails on these only at iter(): prefetch_factor=0 there, a bad generator later.
+        # torch fails on these only at iter(): prefetch_factor=0 and a timeout without workers
+        # there, a bad generator later.
         if self.num_workers and self.prefetch_factor == 0:
             raise ValueError(f"prefetch_factor=0 with num_workers={num_workers} gives the workers "
                              "no batch to fetch: pass prefetch_factor=1 or more (2 by default)")
+        if not self.num_workers and self.timeout:
+            raise ValueError(f"timeout={timeout} bounds the wait for workers, but num_workers=0 "
+                             "loads batches in this process, where nothing can interrupt them: "
+                             "pass num_workers=1 or more, or timeout=0")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {generator!r}")
         self.worker_type = worker_type
