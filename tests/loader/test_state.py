@@ -205,7 +205,7 @@ def test_torchdata_sees_a_stateful_loader():
     assert isinstance(DataLoader(Indexed()), stateful.Stateful)
 
 
-@pytest.mark.parametrize("every", [1, 3, None])
+@pytest.mark.parametrize("every", [1, 3, 0, None])  # 0 and None: on request only, to torchdata
 def test_code_written_for_torchdatas_loader_runs_and_resumes_exactly_at_any_step(every):
     def make():
         return DataLoader(Indexed(), batch_size=4, shuffle=True, snapshot_every_n_steps=every)
@@ -219,8 +219,8 @@ def test_code_written_for_torchdatas_loader_runs_and_resumes_exactly_at_any_step
     fresh = make()
     fresh.load_state_dict(state)
     assert values(fresh) == rest and len(head) == 2
-    with pytest.raises(ValueError, match="snapshot_every_n_steps must be at least 1, got 0"):
-        DataLoader(Indexed(), snapshot_every_n_steps=0)
+    with pytest.raises(ValueError, match="snapshot_every_n_steps must be at least 0, got -1"):
+        DataLoader(Indexed(), snapshot_every_n_steps=-1)
 
 
 def test_python_and_numpy_randomness_are_not_touched_by_a_resume():

@@ -102,7 +102,7 @@ class DataLoader(TorchDataLoader[T_co]):
         # torchdata's StatefulDataLoader argument, taken so that code written for it runs
         # unchanged: here the state is built when asked for, exact at any step, so it sets nothing.
         if snapshot_every_n_steps is not None:
-            require_int("snapshot_every_n_steps", snapshot_every_n_steps, minimum=1)
+            require_int("snapshot_every_n_steps", snapshot_every_n_steps, minimum=0)
         self.snapshot_every_n_steps = snapshot_every_n_steps
         if distributed and not isinstance(sampler, TorchDistributedSampler):
             # A distributed sampler given with it is kept: trainers that rebuild a loader
