@@ -226,6 +226,29 @@ def test_other_start_methods_give_the_same_batches(method):
     assert epochs(DataLoader, Augmented(), **options) == epochs(TorchLoader, Augmented(), **options)
 
 
+SCALE = {"factor": 1}  # set at run time by the test below, as a script sets its options
+
+
+class Scaled(Dataset):
+    """Reads module state set at run time, and holds a lambda: both need fork, as torch uses."""
+
+    def __init__(self) -> None:
+        self.transform = lambda i: i * SCALE["factor"]
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> int:
+        return self.transform(index)
+
+
+def test_workers_start_as_torchs_once_cuda_is_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # model.cuda() has run
+    monkeypatch.setitem(SCALE, "factor", 10)
+    options = {"batch_size": 2, "num_workers": 2}
+    assert epochs(DataLoader, Scaled(), **options) == epochs(TorchLoader, Scaled(), **options)
+
+
 class TorchIterating(DataLoader):
     """A subclass whose own ``_get_iterator`` makes torch's iterator (as Lightning's tests do)."""
 

@@ -26,7 +26,6 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
-import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data.dataloader import _DatasetKind
 
@@ -103,20 +102,15 @@ class Workers:
 
 
 def start_method_context(requested: Any) -> Any:
-    """The multiprocessing context for worker processes.
+    """The multiprocessing context for worker processes: the one asked for, else Python's
+    default (``set_start_method``'s, else the platform's: ``fork`` on Linux before Python 3.14),
+    as torch's loader starts its workers.
 
-    The one asked for, else the one set with ``set_start_method``, else ``fork`` where it is safe
-    (no CUDA context yet: a forked child cannot use it), else ``forkserver`` or ``spawn``.
+    A CUDA context made here before the workers start does not change it (torch's does not): a
+    forked worker cannot use CUDA, but datasets load on the CPU, and another method would need
+    the dataset to pickle and would lose what the main process set at run time.
     """
-    if requested is not None:
-        return requested
-    chosen = mp.get_start_method(allow_none=True)
-    if chosen is not None:
-        return mp.get_context(chosen)
-    methods = mp.get_all_start_methods()
-    if "fork" in methods and not torch.cuda.is_initialized():
-        return mp.get_context("fork")
-    return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    return mp.get_context() if requested is None else requested
 
 
 def _set_collection(on: bool) -> bool:
