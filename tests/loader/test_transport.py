@@ -128,6 +128,9 @@ def fidelity_batch():
         "channels_last": torch.rand(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
         "twice": [shared, shared],
         "conjugate": torch.tensor([1 + 2j, 3 - 1j]).conj(),  # a lazy view: its bytes are not it
+        # Overlapping views: a dense copy would be 1000x their memory (and writable).
+        "windows": torch.arange(2000.0).unfold(0, 1000, 1),
+        "expanded": torch.ones(1).expand(1000),
     }
 
 
@@ -173,6 +176,10 @@ def test_worker_batches_keep_their_types_and_layouts_as_torchs_workers_do():
     assert batch["tagged"].tag == "kept" and batch["twice"][0] is batch["twice"][1]
     for key in ("transposed", "fortran", "channels_last"):  # (NumPy's converted to a tensor)
         assert batch[key].stride() == expected[key].stride()
+    for key in ("windows", "expanded"):  # sent as the storage they view, as torch sends them
+        assert torch.equal(batch[key], expected[key])
+        assert batch[key].stride() == expected[key].stride()
+        assert batch[key].untyped_storage().nbytes() == expected[key].untyped_storage().nbytes()
     data = torch.utils.data.TensorDataset(torch.arange(50.0).view(10, 5))
     packed = list(DataLoader(data, batch_size=2, collate_fn=pack_sequences, num_workers=1))
     assert all(type(p) is PackedSequence for p in packed) and len(packed) == 5
