@@ -70,3 +70,38 @@ def test_a_run_resumed_mid_epoch_trains_each_sample_once(tmp_path):
         for rank in range(WORLD):
             trained.update(json.loads((tmp_path / f"{run}-rank{rank}.json").read_text()))
     assert sorted(trained.elements()) == list(range(SIZE))
+
+
+class EpochRecorder(lightning.LightningModule):
+    """Trains one process on a plain (unshuffled) loader, recording each batch's epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(list(range(10)), batch_size=2)  # 5 steps an epoch
+
+    def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
+        self.seen.append((self.current_epoch, batch.tolist()))
+        return self.layer(batch.float()[:, None]).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_on_an_epochs_last_step_resumes_with_the_next_epoch_whole(tmp_path):
+    def fit(model, ckpt_path=None, **options):
+        lightning.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tmp_path, max_epochs=3,
+                          **options).fit(model, ckpt_path=ckpt_path)
+
+    saver = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5,
+                                                        save_top_k=-1)
+    whole = EpochRecorder()
+    fit(whole, callbacks=[saver])
+    resumed = EpochRecorder()
+    fit(resumed, ckpt_path=tmp_path / "epoch=0-step=5.ckpt")
+    assert resumed.seen == whole.seen[5:]  # epochs 1 and 2, as the run went on (none lost)

@@ -271,6 +271,42 @@ def test_a_state_saved_after_an_epoch_resumes_with_the_next_epoch_whole(dataset,
     assert batches(fresh) == second and batches(fresh) == third
 
 
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_a_state_taken_on_an_epochs_last_batch_resumes_with_the_next_epoch_whole(workers,
+                                                                               persistent):
+    """A checkpoint on an epoch's last step (the pass's end not yet seen) loses no epoch: the
+    resume goes on as the loader would have, as Lightning and step-counting loops expect."""
+    def make():
+        return DataLoader(Indexed(), batch_size=5, shuffle=True, num_workers=workers,
+                          persistent_workers=persistent,
+                          generator=torch.Generator().manual_seed(5))
+
+    loader = make()
+    iterator = iter(loader)
+    assert len(values(islice(iterator, 10))) == 10  # all of them, the end not yet asked for
+    state = loader.state_dict()
+    second = batches(loader)
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert batches(fresh) == second and len(second) == 10
+
+
+def test_a_state_resumed_in_another_epoch_begins_it_whole():
+    def make():
+        return DataLoader(Indexed(), batch_size=5, sampler=DistributedSampler(
+            Indexed(), num_replicas=1, rank=0, seed=2))
+
+    loader = make()
+    iterator = iter(loader)
+    values(islice(iterator, 3))
+    fresh = make()
+    fresh.load_state_dict(loader.state_dict())
+    fresh.set_epoch(1)  # a trainer that starts the next epoch, not the saved one's rest
+    reference = make()
+    reference.set_epoch(1)
+    assert len(fresh) == 10 and values(fresh) == values(reference)
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_state_taken_before_the_first_pass_seeds_the_workers_as_the_pass_would(persistent):
     def make():

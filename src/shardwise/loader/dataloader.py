@@ -266,7 +266,7 @@ class DataLoader(TorchDataLoader[T_co]):
         if self._resume is not None:  # refused before it is taken: a loader mended can resume
             self._resume.check_streams(self)
         resume, self._resume = self._resume, None
-        return resume
+        return None if resume is None else resume.applied(self)
 
     def _check_ranks(self) -> None:
         if self.verify is not False and _group_size() > 1:

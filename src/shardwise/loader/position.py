@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -147,6 +147,7 @@ def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | Non
     length: ``len(loader)`` stays the epoch's, as trainers that count steps (Lightning) expect.
     """
     if resume is not None:
+        resume = resume.applied(loader)
         return resume.resumed_batches if resume.skip == 0 else 0
     if record is not None and record.route == "sampler" and current(loader, record):
         return record.resumed_batches
@@ -156,10 +157,12 @@ def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | Non
 def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     """The state of ``loader`` after what ``record`` says was delivered."""
     sampler = resumable_sampler(loader)
-    if record is None or not current(loader, record) or (record.finished
-                                                         and record.route != "sampler"):
-        # No pass yet, the sampler moved on, or the pass ended: the state is the next pass's
-        # start, so a resume begins the next epoch whole (a sampler's own state says as much).
+    if record is None or not current(loader, record) or (
+            record.route != "sampler" and (record.finished or _delivered_all(loader, record))):
+        # No pass yet, the sampler moved on, or the pass ended (or delivered its last batch,
+        # as a checkpoint on an epoch's last step sees it): the state is the next pass's start,
+        # so a resume begins the next epoch whole, as this loader's next pass would (a
+        # sampler's own state says as much: set_epoch(e) picks the epoch to go on with).
         ended, record = record, new_record(loader)
         if not worker_streams(loader):  # the dataset here stands where the next pass starts
             record.dataset_states = dataset_states(loader.dataset, None)
@@ -208,6 +211,16 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         if any(worker_states):
             state["begun"] = sorted(record.begun)
     return state
+
+
+def _delivered_all(loader: Any, record: PassRecord) -> bool:
+    """Whether a map dataset's pass delivered every batch of its epoch (its end not yet seen)."""
+    if record.route != "replay" or record.ahead:
+        return False
+    try:
+        return record.resumed_batches + record.prefix >= len(loader)
+    except TypeError:  # a sampler without a length
+        return False
 
 
 def stateful(thing: Any) -> bool:
@@ -287,6 +300,15 @@ class Resume:
     iterable: bool  # read from an IterableDataset (a stream, not a sampler's indices)
     streams: int | None  # the worker processes it needs: a stream's shares or a Stateful
     # dataset's states are each worker's own (None: any number)
+    sampler_epoch: Any = None  # a resumable sampler's epoch as loaded
+
+    def applied(self, loader: Any) -> Resume:
+        """This resume as it stands now: once ``set_epoch`` moved the sampler to another epoch,
+        that epoch begins whole, and the saved pass's count and early batches no longer apply."""
+        if self.sampler_epoch is None or getattr(resumable_sampler(loader), "epoch",
+                                                 None) == self.sampler_epoch:
+            return self
+        return replace(self, resumed_batches=0, ahead={}, begun=set())
 
     @property
     def within(self) -> bool:
@@ -355,7 +377,8 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 "its resume may repeat or skip a few: resume each rank from its own state, or "
                 "use in_order=True", stacklevel=3)
             common["ahead"] = {}  # the other rank's early batches are not ours
-        return Resume(skip=0, resumed_batches=before, randomness={}, **common)
+        return Resume(skip=0, resumed_batches=before, randomness={},
+                      sampler_epoch=getattr(sampler, "epoch", None), **common)
     randomness = {name: _random_state(s) for name, s in state.get("randomness", {}).items()}
     return Resume(skip=before, resumed_batches=before, randomness=randomness, **common)
 
