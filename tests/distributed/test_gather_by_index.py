@@ -171,6 +171,11 @@ def _gather_checks() -> dict:
     out["sizes"] = _attempt(gather_by_index, torch.zeros(1), [0], 8 if rank == 2 else 7)
     dtype = torch.int32 if rank else torch.int64
     out["dtypes"] = _attempt(gather_by_index, torch.zeros(1, dtype=dtype), [rank], 3)
+    # A tensor only one rank cannot send (sparse), and a failure on dst other than a missing
+    # index (no memory for 2**40 results): every rank hears of it, none waits.
+    values = torch.ones(1).to_sparse() if rank == 1 else torch.ones(1)
+    out["sparse"] = _attempt(gather_by_index, values, [rank], 3)
+    out["memory"] = _attempt(gather_by_index, torch.ones(1), [rank], 2**40, dst=0)
     return out
 
 
@@ -190,14 +195,29 @@ def test_gather_over_three_gloo_ranks():
         else:
             assert out.get("group") is None
         for key in ("drop", "drop_dst"):
-            assert out[key] == ("ValueError", "1 of 7 indices have no result on any rank "
+            assert out[key] == ("ValueError", ("1 of 7 indices have no result on any rank "
                                 "(first 1: 6); every index in range(7) needs one, so do not "
                                 "drop samples (drop_last=True or remainder='drop') when "
-                                "evaluating"), key
+                                "evaluating")), key
         assert out["bad"][0] == "ValueError"
         assert out["bad"][1].startswith("rank 2: indices[1]=7 is outside range(7)")
         assert out["sizes"] == ("InconsistentRanksError",
-                                "gather_by_index needs the same size, dst, dtype, row_shape on "
-                                "every rank: rank 2 has size=8 where ranks 0, 1 have size=7")
+                                ("gather_by_index needs the same size, dst, dtype, row_shape on "
+                                "every rank: rank 2 has size=8 where ranks 0, 1 have size=7"))
         assert out["dtypes"][1].endswith(
             "rank 0 has dtype='torch.int64' where ranks 1, 2 have dtype='torch.int32'")
+        assert out["sparse"] == ("TypeError", ("rank 1: values must be a dense tensor, got a "
+                                 "torch.sparse_coo one; pass values.to_dense() (or "
+                                 "values.dequantize()) instead"))
+        assert out["memory"][0] == "MemoryError", out["memory"]
+
+
+def test_lazy_views_and_tensors_without_plain_bytes():
+    values = torch.tensor([1 + 2j, 3 + 4j])
+    assert gather_by_index(values.conj(), [1, 0], 2).tolist() == [3 - 4j, 1 - 2j]
+    assert gather_by_index(torch._neg_view(torch.ones(2)), [0, 1], 2).tolist() == [-1.0, -1.0]
+    quantized = torch.quantize_per_tensor(torch.tensor([1.0, 2.0]), 0.1, 0, torch.quint8)
+    for bad, kind in ((quantized, "quantized"), (torch.ones(2).to_sparse(), "sparse"),
+                      (torch.ones(2, device="meta"), "meta")):
+        with pytest.raises(TypeError, match=kind):
+            gather_by_index(bad, [0, 1], 2)

@@ -69,8 +69,8 @@ def gather_by_index(
         try:
             result = assemble(got_values.reshape(len(got_indices), *values.shape[1:]),
                               got_indices, size)
-        except ValueError as exc:
-            problem = exc
+        except Exception as exc:  # noqa: BLE001 - whatever it is (MemoryError too), every rank
+            problem = exc  # raises it: with dst the others would wait for dst's answer forever
     if dst is not None and world > 1:  # only dst could check; it tells the others
         problems = [problem]
         torch_dist.broadcast_object_list(problems, src=_global_rank(group, dst), group=group)
@@ -153,6 +153,14 @@ def _check_inputs(
     if values.ndim == 0:
         raise ValueError("values must have shape [n, ...] (one row per index), got a 0-d tensor; "
                          "use values.reshape(1) for a single result")
+    if values.layout != torch.strided or values.is_quantized or values.is_nested:
+        kind = "quantized" if values.is_quantized else "nested" if values.is_nested else str(
+            values.layout)
+        raise TypeError(f"values must be a dense tensor, got a {kind} one; pass "
+                        "values.to_dense() (or values.dequantize()) instead")
+    if values.device.type == "meta":
+        raise TypeError("values is a meta tensor (a shape without data): pass the real results")
+    values = values.resolve_conj().resolve_neg()  # lazy views: their bytes are not their values
     indices = as_indices(indices, size)
     if len(indices) != len(values):
         raise ValueError(f"values has {len(values)} rows but indices has {len(indices)} entries; "
