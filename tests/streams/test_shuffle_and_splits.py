@@ -45,6 +45,18 @@ def test_resume_continues_exactly(upstream):
     assert ("upstream" in state) == (upstream == "sharded")  # then nothing is read twice
 
 
+def test_a_state_resumes_only_with_the_seed_and_buffer_it_was_saved_with():
+    buffer = ShuffleBuffer(range(20), 4, seed=5)
+    iterator = iter(buffer)
+    next(iterator)
+    state = buffer.state_dict()
+    for other in (ShuffleBuffer(range(20), 4, seed=6), ShuffleBuffer(range(20), 8, seed=5)):
+        with pytest.raises(ValueError, match="the state was saved with (seed=5|buffer_size=4)"):
+            other.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"seed must be at most 18446744073709551615"):
+        ShuffleBuffer(range(20), 4, seed=2**64)  # it would draw as seed 0
+
+
 def test_save_and_load_split(tmp_path):
     paths = save_split(tmp_path, 103, 4, seed=5, epoch=2, remainder="uneven")
     shares = [load_split(tmp_path, rank) for rank in range(4)]
@@ -54,6 +66,17 @@ def test_save_and_load_split(tmp_path):
         sampler.set_epoch(2)
         assert share.tolist() == list(sampler)
     assert sorted(np.concatenate(shares).tolist()) == list(range(103))
+
+
+def test_a_split_of_numpy_integers_is_saved_whole_or_not_at_all(tmp_path):
+    save_split(tmp_path, 10, 2, seed=1)
+    with pytest.raises(ValueError, match="remainder"):
+        save_split(tmp_path, 12, 2, remainder="spread")  # refused before anything is written
+    assert load_split(tmp_path, 0).tolist() == DistributedSampler(10, 2, 0, seed=1).indices().tolist()
+    save_split(tmp_path, np.int64(12), 2, seed=np.int32(5), epoch=np.int64(1))
+    sampler = DistributedSampler(12, 2, 1, seed=5)
+    sampler.set_epoch(1)
+    assert load_split(tmp_path, 1).tolist() == list(sampler)
 
 
 def test_load_split_names_what_is_missing(tmp_path):

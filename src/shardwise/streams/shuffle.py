@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset
 
 from shardwise.checks import require_int
 from shardwise.mix import mix_ints
+from shardwise.samplers.passes import SEED_MAX, SEED_MIN
 
 STATE_VERSION = 1
 
@@ -36,7 +37,7 @@ class ShuffleBuffer(IterableDataset):
     def __init__(self, iterable: Iterable[Any], buffer_size: int, seed: int = 0) -> None:
         self.iterable = iterable
         self.buffer_size = require_int("buffer_size", buffer_size, minimum=1)
-        self.seed = require_int("seed", seed)
+        self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
         self._live: dict[str, Any] | None = None  # the running pass's buffer, draws and count
@@ -86,6 +87,7 @@ class ShuffleBuffer(IterableDataset):
         """The buffer, the draws so far and the upstream position: enough to go on exactly."""
         live = self._live
         state: dict[str, Any] = {"version": STATE_VERSION, "epoch": self.epoch,
+                                 "seed": self.seed, "buffer_size": self.buffer_size,
                                  "buffer": list(live["buffer"]) if live else [],
                                  "rng": live["rng"].bit_generator.state if live else None,
                                  "yielded": live["yielded"] if live else 0}
@@ -97,6 +99,11 @@ class ShuffleBuffer(IterableDataset):
         """Make the next pass continue the saved one."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"not a ShuffleBuffer state (version {STATE_VERSION}): {state!r:.200}")
+        for key in ("seed", "buffer_size"):  # another would draw other places: repeats, losses
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(f"the state was saved with {key}={state[key]!r} but this "
+                                 f"ShuffleBuffer has {key}={getattr(self, key)!r}: build it as "
+                                 "it was when the state was saved")
         self.epoch = require_int("saved epoch", state["epoch"])
         if state.get("rng") is None:  # saved before any pass: nothing to continue
             return

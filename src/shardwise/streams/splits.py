@@ -14,6 +14,7 @@ Where the ranks' shares would differ in length, the ``remainder`` decides, as in
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -49,20 +50,30 @@ def save_split(
     >>> load_split(folder, 1).shape
     (5,)
     """
+    world_size = require_int("world_size", world_size, minimum=1)
+    samplers = [DistributedSampler(size, world_size, rank, seed=seed, shuffle=shuffle,
+                                   remainder=remainder, layout=layout, permutation=permutation)
+                for rank in range(world_size)]  # every option checked before a file is written
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    first = samplers[0]
+    # As the sampler read them: plain ints (a NumPy integer given is written as one).
+    manifest = {"size": first.size, "world_size": world_size, "epoch": first.epoch,
+                "seed": first.seed, "shuffle": first.shuffle, "remainder": first.remainder,
+                "layout": first.layout, "permutation": first.permutation}
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    world_size = require_int("world_size", world_size, minimum=1)
-    options = {"seed": seed, "shuffle": shuffle, "remainder": remainder, "layout": layout,
-               "permutation": permutation}
+    # An older split's manifest goes first and the new one comes last, whole: a split cut short
+    # is never read as complete, nor new files by an old manifest.
+    (folder / MANIFEST).unlink(missing_ok=True)
     paths = []
-    for rank in range(world_size):
-        sampler = DistributedSampler(size, world_size, rank, **options)
-        sampler.set_epoch(epoch)
+    for rank, sampler in enumerate(samplers):
         path = split_file(folder, rank, world_size)
         np.save(path, sampler.indices())
         paths.append(path)
-    manifest = {"size": size, "world_size": world_size, "epoch": epoch, **options}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    written = folder / f".{MANIFEST}.tmp"
+    written.write_text(json.dumps(manifest, indent=1))
+    os.replace(written, folder / MANIFEST)
     return paths
 
 
