@@ -89,6 +89,10 @@ def _consistency_checks() -> dict:
     out["rank"] = _outcome(_sampler(rank, rank=0 if rank == 1 else rank))
     torchs = TorchDistributedSampler(range(23 if rank else 24), seed=0)
     out["torch"] = _outcome(torchs)
+    try:  # a sampler only one rank cannot compare: every rank raises, none waits
+        check_consistent(RandomSampler(range(3)) if rank == 1 else _sampler(rank))
+    except TypeError as exc:
+        out["unsupported"] = str(exc)
     return out
 
 
@@ -102,6 +106,7 @@ def test_every_rank_names_the_rank_that_differs():
     assert "rank 1 has epoch=1 where ranks 0, 2 have epoch=2" in out["epoch"]
     assert "rank 1 has fingerprint=0x" in out["epoch"]  # another epoch, another order
     assert "ranks 0, 1, 2 have num_replicas=2 but the process group has 3 ranks" in out["world"]
+    assert out["unsupported"].startswith("rank 1: check_consistent compares shardwise's samplers")
     assert "rank 2's sampler has rank=1" in out["world"]
     assert "rank 1's sampler has rank=0" in out["rank"]
     assert out["seed"].startswith("samplers differ across ranks")

@@ -162,6 +162,8 @@ def _gather_checks() -> dict:
     if rank > 0:
         mine = DistributedSampler(5, 2, rank - 1, seed=4).indices()
         out["group"] = _numpy(gather_by_index(result_of(mine), mine, 5, group=pair, dst=1))
+    else:  # not in the group: told so, not left with another group's answer
+        out["outside"] = _attempt(gather_by_index, torch.zeros(1), [0], 1, group=pair)
     # Errors reach every rank: a dropped tail, a bad index on one rank, disagreeing sizes.
     mine = DistributedSampler(7, world, rank, shuffle=False, remainder="drop").indices()
     out["drop"] = _attempt(gather_by_index, result_of(mine), mine, 7)
@@ -194,6 +196,9 @@ def test_gather_over_three_gloo_ranks():
             assert np.array_equal(out["group"], everyone(5))
         else:
             assert out.get("group") is None
+        if rank == 0:
+            assert out["outside"] == ("ValueError", ("this process (global rank 0) is not a member "
+                                      "of the group given: call this only on the group's ranks"))
         for key in ("drop", "drop_dst"):
             assert out[key] == ("ValueError", ("1 of 7 indices have no result on any rank "
                                 "(first 1: 6); every index in range(7) needs one, so do not "

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as torch_dist
 
 from shardwise.distributed.launch import LaunchError, RemoteTraceback, spawn_local
@@ -79,6 +80,13 @@ def _no_rank_left() -> bool:
 def test_results_come_back_in_rank_order() -> None:
     assert spawn_local(_whoami, 3) == [(0, 3, "0"), (1, 3, "1"), (2, 3, "2")]
     assert _no_rank_left()
+
+
+def test_nccl_without_a_gpu_per_rank_is_refused_before_any_rank_starts() -> None:
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has the GPUs")
+    with pytest.raises(ValueError, match=r"backend='nccl' gives each rank a GPU .* use backend"):
+        spawn_local(_whoami, 2, backend="nccl")
 
 
 @pytest.mark.timeout(60)  # the default timeout is 300 s: passing at all means it was noticed

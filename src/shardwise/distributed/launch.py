@@ -88,6 +88,9 @@ def spawn_local(
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    if backend == "nccl" and torch.cuda.device_count() < nprocs:
+        raise ValueError(f"backend='nccl' gives each rank a GPU of its own, but this machine has "
+                         f"{torch.cuda.device_count()} for {nprocs} ranks: use backend='gloo'")
     ctx = mp.get_context("spawn")
     port = free_port()
     ranks: list[_Rank] = []

@@ -53,7 +53,11 @@ def group_world(group: Any = None) -> tuple[int, int]:
     (1, 0)
     """
     if torch_dist.is_available() and torch_dist.is_initialized():
-        return torch_dist.get_world_size(group), torch_dist.get_rank(group)
+        rank = torch_dist.get_rank(group)
+        if rank < 0:  # torch's answer for a process outside the group
+            raise ValueError(f"this process (global rank {torch_dist.get_rank()}) is not a "
+                             "member of the group given: call this only on the group's ranks")
+        return torch_dist.get_world_size(group), rank
     if group is not None:
         raise ValueError(f"got group={group!r} but torch.distributed is not initialized; "
                          "call torch.distributed.init_process_group first")
