@@ -86,7 +86,9 @@ def consumed_intervals(
 ) -> list[Interval]:
     """The positions in ``[0, length)`` used once every rank has taken ``consumed`` of its share.
 
-    Padding repeats fold back onto the positions they repeat. Sorted, disjoint, merged.
+    A padding repeat (a position at ``length`` or beyond) uses nothing: the position it repeats
+    may still be ahead in another rank's block, and ``padding_mask`` counts it there. Sorted,
+    disjoint, merged.
 
     >>> consumed_intervals(7, 3, "strided", "uneven", 2)
     [(0, 6)]
@@ -101,7 +103,7 @@ def consumed_intervals(
             for rank in range(world)
             for begin in [block_start(length, world, rank, remainder)]
         ]
-    return _merge(piece for run in runs for piece in _fold(run, length))
+    return _merge((begin, min(end, length)) for begin, end in runs if begin < min(end, length))
 
 
 def remaining_intervals(
@@ -120,17 +122,6 @@ def remaining_intervals(
     if cursor < length:
         remaining.append((cursor, length))
     return remaining
-
-
-def _fold(run: Interval, length: int) -> list[Interval]:
-    """Map an unwrapped run of positions onto ``[0, length)`` (padding wraps around)."""
-    begin, end = run
-    if end <= begin:
-        return []
-    if end - begin >= length:
-        return [(0, length)]
-    begin, end = begin % length, (end - 1) % length + 1
-    return [(begin, end)] if begin < end else [(begin, length), (0, end)]
 
 
 def _merge(runs) -> list[Interval]:

@@ -3,7 +3,7 @@ from collections import Counter
 from itertools import islice
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardwise import DistributedSampler
@@ -175,3 +175,22 @@ def test_a_global_step_holds_the_same_samples_on_any_world_size(
     consume(before, k * global_batch // old)
     after = resume(before[0].state_dict(), size, new, **options)
     assert global_steps(after, global_batch)[: full - k] == reference[k:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(0, 30), before=st.integers(1, 5), after=st.integers(1, 5),
+       layout=st.sampled_from(["strided", "block"]), steps=st.integers(0, 30))
+@example(size=5, before=4, after=1, layout="block", steps=1)  # a repeat ahead of its sample
+def test_an_evaluation_masked_by_padding_counts_each_sample_once_across_an_elastic_resume(
+        size, before, after, layout, steps):
+    first = ranks(size, before, remainder="pad", layout=layout)
+    steps = min(steps, len(first[0]))
+    counted = Counter()
+    for sampler in first:  # each rank evaluates `steps` samples, its repeats masked out
+        counted.update(sampler.indices()[:steps][~sampler.padding_mask()[:steps]].tolist())
+    state = first[0].state_dict(consumed=steps)
+    for rank in range(after):
+        sampler = DistributedSampler(size, after, rank, seed=7, remainder="pad", layout=layout)
+        sampler.load_state_dict(state)
+        counted.update(sampler.indices()[~sampler.padding_mask()].tolist())
+    assert sorted(counted.elements()) == list(range(size))
