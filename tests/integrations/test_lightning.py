@@ -1,8 +1,8 @@
 """Under Lightning's defaults (use_distributed_sampler=True) a shardwise sampler is kept as it is.
 
 Lightning replaces any sampler that is not a torch DistributedSampler with its own wrapper, which
-would leave each rank 1/W² of the data; shardwise's sampler is one, so each rank trains on exactly
-its share, and Lightning's set_epoch calls give torch's epochs.
+would leave each rank 1/W² of the data; shardwise's samplers (class-balanced and weighted too) are
+ones, so each rank trains on exactly its share, and Lightning's set_epoch calls give its epochs.
 """
 
 import json
@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data import DistributedSampler as TorchSampler
 
-from shardwise import DistributedSampler
+from shardwise import ClassBalancedSampler, DistributedSampler, WeightedDistributedSampler
 
 lightning = pytest.importorskip("lightning")
 
@@ -31,15 +31,15 @@ class Indexed(Dataset):
 class Recorder(lightning.LightningModule):
     """Writes each rank's training indices, epoch by epoch, to a file of its own."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, kind: str = "distributed") -> None:
         super().__init__()
-        self.folder = folder
+        self.folder, self.kind = folder, kind
         self.layer = torch.nn.Linear(1, 1)
         self.seen: dict[int, list[int]] = {}
 
     def train_dataloader(self) -> DataLoader:
-        sampler = DistributedSampler(Indexed(), seed=SEED)  # world and rank from the process group
-        return DataLoader(Indexed(), batch_size=4, sampler=sampler)
+        # World and rank from the process group.
+        return DataLoader(Indexed(), batch_size=4, sampler=make_sampler(self.kind))
 
     def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
         self.seen.setdefault(self.current_epoch, []).extend(int(i) for i in batch.flatten())
@@ -52,18 +52,28 @@ class Recorder(lightning.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def make_sampler(kind: str, **world) -> TorchSampler:
+    if kind == "class_balanced":
+        return ClassBalancedSampler([i % 3 for i in range(SIZE)], seed=SEED, **world)
+    if kind == "weighted":
+        return WeightedDistributedSampler([1.0 + i % 4 for i in range(SIZE)], 9, seed=SEED, **world)
+    return DistributedSampler(Indexed(), seed=SEED, **world)
+
+
 @pytest.mark.timeout(300)
-def test_lightning_ddp_keeps_the_sampler_and_trains_each_rank_on_its_share(tmp_path):
+@pytest.mark.parametrize("kind", ["distributed", "class_balanced", "weighted"])
+def test_lightning_ddp_keeps_the_sampler_and_trains_each_rank_on_its_share(tmp_path, kind):
     trainer = lightning.Trainer(
         accelerator="cpu", devices=WORLD, strategy="ddp_spawn", max_epochs=EPOCHS,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=tmp_path,
     )
-    trainer.fit(Recorder(str(tmp_path)))
+    trainer.fit(Recorder(str(tmp_path), kind))
     for rank in range(WORLD):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for epoch in range(EPOCHS):
-            reference = TorchSampler(range(SIZE), WORLD, rank, seed=SEED)
+            reference = (TorchSampler(range(SIZE), WORLD, rank, seed=SEED) if kind == "distributed"
+                         else make_sampler(kind, num_replicas=WORLD, rank=rank))
             reference.set_epoch(epoch)
             assert seen[str(epoch)] == list(reference), (rank, epoch)
 

@@ -162,20 +162,33 @@ def test_iterable_datasets_resume_by_loading_again_and_dropping(workers):
     assert head + rest == whole
 
 
-def test_a_finished_epoch_resumes_as_an_empty_pass_then_the_next_epoch():
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("seen_end", [True, False])
+def test_a_finished_epoch_resumes_with_the_next_epoch_or_its_empty_rest_by_set_epoch(workers,
+                                                                                    seen_end):
+    """As the loader would go on (Lightning: iter() first, set_epoch after), or, for a loop that
+    asks for the saved epoch again, its empty rest."""
     def make():
-        return DataLoader(Indexed(), batch_size=8, sampler=DistributedSampler(
+        return DataLoader(Indexed(), batch_size=8, num_workers=workers, sampler=DistributedSampler(
             Indexed(), num_replicas=1, rank=0, seed=2))
 
     loader = make()
-    values(loader)
+    iterator = iter(loader)
+    values(iterator if seen_end else islice(iterator, 7))  # all 7 batches
+    state = loader.state_dict()
+    following = values(loader)  # epoch 1, as the pass after a finished one
     fresh = make()
-    fresh.load_state_dict(loader.state_dict())
-    assert values(fresh) == []
-    fresh.set_epoch(1)
-    reference = make()
-    reference.set_epoch(1)
-    assert values(fresh) == values(reference)
+    fresh.load_state_dict(state)
+    assert len(fresh) == 7
+    resumed = iter(fresh)
+    fresh.set_epoch(1)  # too late for the pass made: it is epoch 1 already
+    assert values(resumed) == following
+    again = make()
+    again.load_state_dict(state)
+    again.set_epoch(0)
+    assert len(again) == 7 and values(again) == []
+    again.set_epoch(1)
+    assert values(again) == following
 
 
 def test_state_is_plain_small_and_round_trips_before_iterating():

@@ -369,6 +369,9 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     before = batches - len(common["ahead"])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
+        # The saved pass's epoch: a sampler loaded at an ended one stands at the next already.
+        saved_epoch = (state["sampler"].get("epoch") if isinstance(state["sampler"], dict)
+                       else None)
         saved, this = state.get("ahead_of"), _rank_of(sampler)
         if saved is not None and saved != this:
             warnings.warn(
@@ -378,7 +381,8 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 "use in_order=True", stacklevel=3)
             common["ahead"] = {}  # the other rank's early batches are not ours
         return Resume(skip=0, resumed_batches=before, randomness={},
-                      sampler_epoch=getattr(sampler, "epoch", None), **common)
+                      sampler_epoch=getattr(sampler, "epoch", None) if saved_epoch is None
+                      else saved_epoch, **common)
     randomness = {name: _random_state(s) for name, s in state.get("randomness", {}).items()}
     return Resume(skip=before, resumed_batches=before, randomness=randomness, **common)
 

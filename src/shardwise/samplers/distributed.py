@@ -303,18 +303,20 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
 
         With the same world size, layout and remainder each rank continues its own sequence.
         Otherwise the positions that no rank consumed are split afresh over this sampler's
-        ranks by its layout and remainder (a finished epoch leaves an empty pass). The next
-        epoch is an ordinary one. Every field is checked first; a bad one is named.
+        ranks by its layout and remainder. The next epoch is an ordinary one. A state saved as
+        its epoch ended resumes with the next epoch, as the run would have gone on
+        (``set_epoch`` with the saved epoch gives its empty rest instead). Every field is
+        checked first; a bad one is named.
         """
         saved = _read_state(state, self)
         if (saved.num_replicas, saved.layout, saved.remainder) == (
             self.num_replicas, self.layout, self.remainder,
         ):
-            self._stand_at(_Position(saved.epoch, saved.segments, saved.consumed))
+            self._resume_at(_Position(saved.epoch, saved.segments, saved.consumed))
         else:
             left = remaining_intervals(saved.segments.length, saved.num_replicas, saved.layout,
                                        saved.remainder, saved.consumed)
-            self._stand_at(_Position(saved.epoch, saved.segments.subset(left), 0))
+            self._resume_at(_Position(saved.epoch, saved.segments.subset(left), 0))
 
     def __repr__(self) -> str:
         options = ", ".join(f"{key}={value!r}" for key, value in self.config().items())

@@ -79,11 +79,30 @@ class EpochSampler(Sampler[int]):
         """Make the next pass use exactly ``epoch``.
 
         A position restored by ``load_state_dict`` for this same epoch is kept, so the usual
-        ``load_state_dict(...); for e in ...: set_epoch(e)`` loop resumes mid-epoch.
+        ``load_state_dict(...); for e in ...: set_epoch(e)`` loop resumes mid-epoch (a state
+        saved as its epoch ended gives that loop an empty rest of the epoch).
         """
         epoch = self._checked_epoch(epoch)
-        if not (self._fresh and epoch == self._at.epoch):
+        ended = self._ended_at
+        if ended is not None and self._fresh and epoch == ended.epoch:
+            self._stand_at(ended)
+        elif not (self._fresh and epoch == self._at.epoch):
             self._stand_at(self._start_of(epoch))
+
+    def _resume_at(self, at: Any) -> None:
+        """Stand at a position a saved state gives. One with nothing left (the state was saved
+        as its epoch ended) stands where the pass after that epoch would start, the next epoch,
+        as an uninterrupted run goes on; ``set_epoch`` with the saved epoch still gives its
+        empty rest."""
+        if self._pass_length(at) == 0:
+            try:
+                self._stand_at(self._start_of(self._checked_epoch(at.epoch + 1)))
+            except ValueError:  # the last epoch the seed allows: stay at its end
+                self._stand_at(at)
+                return
+            self._ended_at = at
+        else:
+            self._stand_at(at)
 
     def _checked_epoch(self, epoch: object) -> int:
         epoch = require_int("epoch", epoch)
@@ -99,12 +118,13 @@ class EpochSampler(Sampler[int]):
         self._at = at
         self._fresh = True
         self._active: Pass | None = None
+        self._ended_at: Any = None  # an ended epoch a state was saved at (see _resume_at)
         self._generation += 1
 
     def _begin(self, run: Pass) -> None:
         """``run`` was asked for its first index: unless the sampler moved since, it is current."""
         if run.generation == self._generation:
-            self._at, self._fresh, self._active = run.at, False, run
+            self._at, self._fresh, self._active, self._ended_at = run.at, False, run, None
 
     def _used(self) -> tuple[int, bool]:
         """How many indices the current pass handed out, and whether it was asked past its end."""

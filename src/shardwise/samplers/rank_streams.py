@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
+
 from shardwise.checks import require_int
 from shardwise.samplers.passes import EpochSampler
 
@@ -22,11 +24,18 @@ class StreamPosition:
     offset: int  # samples of this rank's stream consumed before the pass (a resume)
 
 
-class RankStreamSampler(EpochSampler):
+class RankStreamSampler(EpochSampler, TorchDistributedSampler):
     """An ``EpochSampler`` of ``num_samples`` per rank and epoch, with ``state_dict`` /
-    ``load_state_dict``; subclasses give ``config()`` and what to do when a state does not fit."""
+    ``load_state_dict``; subclasses give ``config()`` and what to do when a state does not fit.
+
+    An instance of torch's ``DistributedSampler``, as :class:`shardwise.DistributedSampler` is:
+    Lightning, Fabric and Accelerate keep it as it is, where they would wrap any other sampler
+    in one of their own and leave each rank 1/W of its share.
+    """
 
     num_samples: int
+    shuffle = True  # torch's attributes, which trainers read: the streams are random draws
+    drop_last = False
     _at: StreamPosition
     _RESUME_HINT = "build the sampler as it was when the state was saved"
 
@@ -63,4 +72,4 @@ class RankStreamSampler(EpochSampler):
         if consumed > self.num_samples:
             raise ValueError(f"the state says consumed={consumed} but this rank's stream holds "
                              f"only {self.num_samples} samples")
-        self._stand_at(StreamPosition(epoch, consumed))
+        self._resume_at(StreamPosition(epoch, consumed))
