@@ -195,3 +195,19 @@ def test_an_evaluation_masked_by_padding_counts_each_sample_once_across_an_elast
         sampler.set_epoch(2)  # the saved epoch's rest
         counted.update(sampler.indices()[~sampler.padding_mask()].tolist())
     assert sorted(counted.elements()) == list(range(size))
+
+
+def test_a_rank_whose_share_ran_out_stays_in_the_epoch_the_others_finish():
+    """41 samples over 3 ranks, uneven (14, 14, 13): after 13 steps the short rank's pass is
+    empty but the epoch is not over, so it must not start the next one beside the others."""
+    first = DistributedSampler(41, 3, 0, remainder="uneven", seed=1)
+    state = first.state_dict(consumed=13)
+    resumed = [DistributedSampler(41, 3, rank, remainder="uneven", seed=1) for rank in range(3)]
+    for sampler in resumed:
+        sampler.load_state_dict(state)
+    assert [sampler.epoch for sampler in resumed] == [0, 0, 0]
+    assert [len(list(sampler)) for sampler in resumed] == [1, 1, 0]
+    ended = first.state_dict(consumed=14)  # now it is over: every rank goes on to epoch 1
+    for sampler in resumed:
+        sampler.load_state_dict(ended)
+    assert [sampler.epoch for sampler in resumed] == [1, 1, 1]

@@ -312,11 +312,14 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         if (saved.num_replicas, saved.layout, saved.remainder) == (
             self.num_replicas, self.layout, self.remainder,
         ):
-            self._resume_at(_Position(saved.epoch, saved.segments, saved.consumed))
+            longest = rank_count(saved.segments.length, self.num_replicas, 0, self.remainder)
+            self._resume_at(_Position(saved.epoch, saved.segments, saved.consumed),
+                            ended=saved.consumed >= longest)
         else:
             left = remaining_intervals(saved.segments.length, saved.num_replicas, saved.layout,
                                        saved.remainder, saved.consumed)
-            self._resume_at(_Position(saved.epoch, saved.segments.subset(left), 0))
+            self._resume_at(_Position(saved.epoch, saved.segments.subset(left), 0),
+                            ended=not left)
 
     def __repr__(self) -> str:
         options = ", ".join(f"{key}={value!r}" for key, value in self.config().items())

@@ -89,12 +89,12 @@ class EpochSampler(Sampler[int]):
         elif not (self._fresh and epoch == self._at.epoch):
             self._stand_at(self._start_of(epoch))
 
-    def _resume_at(self, at: Any) -> None:
-        """Stand at a position a saved state gives. One with nothing left (the state was saved
-        as its epoch ended) stands where the pass after that epoch would start, the next epoch,
-        as an uninterrupted run goes on; ``set_epoch`` with the saved epoch still gives its
-        empty rest."""
-        if self._pass_length(at) == 0:
+    def _resume_at(self, at: Any, ended: bool) -> None:
+        """Stand at a position a saved state gives. If the state was saved as its epoch ended
+        (nothing left on any rank), stand where the pass after that epoch would start, the next
+        epoch, as an uninterrupted run goes on; ``set_epoch`` with the saved epoch still gives
+        its empty rest. (A rank whose share ran out before the others' goes on in the epoch.)"""
+        if ended:
             try:
                 self._stand_at(self._start_of(self._checked_epoch(at.epoch + 1)))
             except ValueError:  # the last epoch the seed allows: stay at its end

@@ -72,4 +72,5 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
         if consumed > self.num_samples:
             raise ValueError(f"the state says consumed={consumed} but this rank's stream holds "
                              f"only {self.num_samples} samples")
-        self._resume_at(StreamPosition(epoch, consumed))
+        # Every rank's stream has num_samples: the epoch ended for all once it did for one.
+        self._resume_at(StreamPosition(epoch, consumed), ended=consumed >= self.num_samples)
