@@ -162,7 +162,7 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         # No pass yet, the sampler moved on, or the pass ended (or delivered its last batch,
         # as a checkpoint on an epoch's last step sees it): the state is the next pass's start,
         # so a resume begins the next epoch whole, as this loader's next pass would (a
-        # sampler's own state says as much: set_epoch(e) picks the epoch to go on with).
+        # sampler's own state, saved as its epoch ended, resumes with the next one too).
         ended, record = record, new_record(loader)
         if not worker_streams(loader):  # the dataset here stands where the next pass starts
             record.dataset_states = dataset_states(loader.dataset, None)
