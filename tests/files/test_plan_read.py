@@ -240,3 +240,18 @@ def test_a_file_that_shrank_after_planning_is_an_error_and_appended_bytes_are_no
     path.write_text("1\n")
     with pytest.raises(OSError, match=r"a.txt has 2 bytes but had 6 when the load was planned"):
         list(iter_chunks(the_plan, 1, 2))
+
+
+def test_a_wildcard_at_an_object_stores_root_matches_its_top_folders() -> None:
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/wild-a/top-of-store.txt", b"a\n")
+    memory.pipe("/wild-b/deep/top-of-store.txt", b"b\n")
+    try:
+        for pattern, lines in (("memory://wild-*/top-of-store.txt", ["a"]), ("memory://**/top-of-store.txt", ["a", "b"]),
+                               ("memory://wild-?/**", ["a", "b"])):
+            assert read_lines(pattern, 0, 1) == lines, pattern
+    finally:
+        memory.rm("/wild-a", recursive=True)
+        memory.rm("/wild-b", recursive=True)

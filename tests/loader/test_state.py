@@ -191,6 +191,38 @@ def test_a_finished_epoch_resumes_with_the_next_epoch_or_its_empty_rest_by_set_e
     assert values(again) == following
 
 
+class Seeds(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        return torch.initial_seed()  # the worker's seed: a new one each epoch
+
+
+def test_the_epoch_after_an_ended_state_draws_new_worker_seeds_and_keeps_drop_lasts_epochs():
+    def make(dataset, **options):
+        sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=False)
+        return DataLoader(dataset, sampler=sampler, num_workers=2, **options)
+
+    torch.manual_seed(0)
+    loader = make(Seeds(), batch_size=2)
+    saved_epoch = values(loader)
+    fresh = make(Seeds(), batch_size=2)
+    fresh.load_state_dict(loader.state_dict())
+    assert values(fresh) != saved_epoch  # not the saved epoch's seeds again
+    # drop_last leaves samples undelivered: the epoch ended all the same
+    loader = make(Indexed(10), batch_size=4, drop_last=True)
+    iterator = iter(loader)
+    values(islice(iterator, len(loader)))
+    state = loader.state_dict()
+    following = values(loader)
+    fresh = make(Indexed(10), batch_size=4, drop_last=True)
+    fresh.load_state_dict(state)
+    resumed = iter(fresh)
+    fresh.set_epoch(1)  # Lightning's order: the pass, then set_epoch
+    assert values(resumed) == following and len(following) == 2
+
+
 def test_state_is_plain_small_and_round_trips_before_iterating():
     sampler = DistributedSampler(10**7, num_replicas=8, rank=3, permutation="feistel")
     loader = DataLoader(Indexed(10**7), batch_size=256, sampler=sampler)

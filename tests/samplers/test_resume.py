@@ -211,3 +211,19 @@ def test_a_rank_whose_share_ran_out_stays_in_the_epoch_the_others_finish():
     for sampler in resumed:
         sampler.load_state_dict(ended)
     assert [sampler.epoch for sampler in resumed] == [1, 1, 1]
+
+
+def test_a_state_saved_again_before_a_pass_keeps_its_meaning():
+    """A job stopped again before its first step saves the state it was given: an ended epoch
+    stays ended (the next epoch, or set_epoch's empty rest), not the next epoch's start."""
+    first = DistributedSampler(6, 1, 0, seed=3)
+    list(first)
+    ended = first.state_dict()
+    again = DistributedSampler(6, 1, 0, seed=3)
+    again.load_state_dict(ended)
+    resaved = again.state_dict()
+    assert resaved == ended
+    last = DistributedSampler(6, 1, 0, seed=3)
+    last.load_state_dict(resaved)
+    last.set_epoch(0)
+    assert list(last) == []

@@ -241,9 +241,11 @@ def _reader(path: str):
 def test_shards_made_by_functions_are_told_apart_by_what_they_hold():
     from shardwise.streams.sharded import shard_identity
 
-    shard_lists = [[lambda i=i: [i] for i in range(3)], [_reader(p) for p in ("a", "b")],
+    shard_lists = [[lambda p=p: [p] for p in ("a", "b", "c")], [_reader(p) for p in ("a", "b")],
                    [_Reader("a"), _Reader("b")], [_Reader("a").__call__, _Reader("b").__call__]]
     for shards in shard_lists:
         names = [shard_identity(shard) for shard in shards]
         assert len(set(names)) == len(names), names
         assert names == [shard_identity(shard) for shard in shards]  # and the same each time
+    # A number it holds is often the rank's own: ranks that list the same shards agree.
+    assert len({shard_identity(_reader(rank)) for rank in range(3)}) == 1

@@ -198,7 +198,9 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
     ask = partial(retried, name=public, secrets=secrets)
     # In an http(s) URL "?" starts the query (a presigned URL's signature), as fsspec reads it.
     if _is_glob(path, "*[" if "http" in fs.protocol else "*?["):
-        root = fs._strip_protocol(_glob_prefix(url))
+        parts = path.split("/")  # the folders before the first wildcard (none: the store's root)
+        root = "/".join(parts[:next(i for i, part in enumerate(parts) if _is_glob(part))])
+        root = root or fs.root_marker
         found = _glob_remote(fs, path, root, ask)
         if not found:
             raise FileNotFoundError(f"no input file matches the glob {public!r} (names that "
@@ -243,7 +245,7 @@ def _glob_remote(fs: AbstractFileSystem, pattern: str, root: str,
                 below[match] = info["size"]
     named = _literal_parts(pattern)
     return {path: size for path, size in below.items()
-            if not _hidden(posixpath.relpath(path, root), named)}
+            if not _hidden(posixpath.relpath(path, root or "."), named)}
 
 
 def _under(path: str, folders: AbstractSet[str], root: str) -> bool:
@@ -322,7 +324,7 @@ def _identity(source: Source) -> str:
 def _hidden(relative: str, named: AbstractSet[str] = frozenset()) -> bool:
     """Whether a path below a walked or globbed folder has a part starting with ``.`` or ``_``
     (Spark's hidden files) that the user did not spell out (``named``)."""
-    return any(part.startswith((".", "_")) and part != "." and part not in named
+    return any(part.startswith((".", "_")) and part not in (".", "..") and part not in named
                for part in relative.split("/"))
 
 

@@ -187,7 +187,11 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
                                            else None),
                              "drew_base_seed": record.drew_base_seed}
     if record.route == "sampler":
-        state["sampler"] = sampler.state_dict(consumed=record.prefix_samples)
+        # A pass that delivered its whole epoch used the sampler's share, the samples a
+        # drop_last batch left out too: the sampler's state then says the epoch ended.
+        whole = record.finished or _delivered_all(loader, record)
+        state["sampler"] = sampler.state_dict(consumed=len(sampler) if whole
+                                              else record.prefix_samples)
     else:
         # As hex: a generator's state is 5 KB, which as a list of numbers took 25 µs a state.
         state["randomness"] = {name: s.numpy().tobytes().hex()
@@ -215,7 +219,7 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
 
 def _delivered_all(loader: Any, record: PassRecord) -> bool:
     """Whether a map dataset's pass delivered every batch of its epoch (its end not yet seen)."""
-    if record.route != "replay" or record.ahead:
+    if record.route == "iterable" or record.ahead:
         return False
     try:
         return record.resumed_batches + record.prefix >= len(loader)
@@ -303,12 +307,18 @@ class Resume:
     sampler_epoch: Any = None  # a resumable sampler's epoch as loaded
 
     def applied(self, loader: Any) -> Resume:
-        """This resume as it stands now: once ``set_epoch`` moved the sampler to another epoch,
-        that epoch begins whole, and the saved pass's count and early batches no longer apply."""
+        """This resume as it stands now: once the sampler stands in another epoch (``set_epoch``
+        before ``iter()``, or a state saved as its epoch ended), that epoch begins whole, as the
+        pass after the saved one: its count, early batches and workers' places no longer apply,
+        and non-persistent workers draw a new seed."""
         if self.sampler_epoch is None or getattr(resumable_sampler(loader), "epoch",
                                                  None) == self.sampler_epoch:
             return self
-        return replace(self, resumed_batches=0, ahead={}, begun=set())
+        persistent = loader.persistent_workers
+        return replace(self, resumed_batches=0, ahead={}, begun=set(), next_worker=0, ended=[],
+                       base_seed=self.base_seed if persistent else None,
+                       worker_states=(list(self.worker_states) if persistent
+                                      else [None] * len(self.worker_states)))
 
     @property
     def within(self) -> bool:

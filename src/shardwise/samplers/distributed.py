@@ -278,6 +278,8 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
 
         The state is plain data (ints, strings, lists): ``json`` and ``torch.save`` keep it.
         """
+        if (ended := self._state_if_ended(consumed)) is not None:
+            return ended
         share = len(self)
         if consumed is None:
             used, finished = self._used()
@@ -313,12 +315,12 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
             self.num_replicas, self.layout, self.remainder,
         ):
             longest = rank_count(saved.segments.length, self.num_replicas, 0, self.remainder)
-            self._resume_at(_Position(saved.epoch, saved.segments, saved.consumed),
+            self._resume_at(_Position(saved.epoch, saved.segments, saved.consumed), state,
                             ended=saved.consumed >= longest)
         else:
             left = remaining_intervals(saved.segments.length, saved.num_replicas, saved.layout,
                                        saved.remainder, saved.consumed)
-            self._resume_at(_Position(saved.epoch, saved.segments.subset(left), 0),
+            self._resume_at(_Position(saved.epoch, saved.segments.subset(left), 0), state,
                             ended=not left)
 
     def __repr__(self) -> str:

@@ -19,7 +19,7 @@ which indices a stretch of the pass holds (``_take``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -89,20 +89,27 @@ class EpochSampler(Sampler[int]):
         elif not (self._fresh and epoch == self._at.epoch):
             self._stand_at(self._start_of(epoch))
 
-    def _resume_at(self, at: Any, ended: bool) -> None:
-        """Stand at a position a saved state gives. If the state was saved as its epoch ended
-        (nothing left on any rank), stand where the pass after that epoch would start, the next
-        epoch, as an uninterrupted run goes on; ``set_epoch`` with the saved epoch still gives
-        its empty rest. (A rank whose share ran out before the others' goes on in the epoch.)"""
+    def _resume_at(self, at: Any, state: Mapping[str, Any], ended: bool) -> None:
+        """Stand at the position ``at`` a saved ``state`` gives. If the state was saved as its
+        epoch ended (nothing left on any rank), stand where the pass after that epoch would
+        start, the next epoch, as an uninterrupted run goes on; ``set_epoch`` with the saved
+        epoch still gives its empty rest, and until a pass begins ``state_dict()`` is the saved
+        state. (A rank whose share ran out before the others' goes on in the epoch.)"""
         if ended:
             try:
                 self._stand_at(self._start_of(self._checked_epoch(at.epoch + 1)))
             except ValueError:  # the last epoch the seed allows: stay at its end
                 self._stand_at(at)
                 return
-            self._ended_at = at
+            self._ended_at, self._ended_state = at, dict(state)
         else:
             self._stand_at(at)
+
+    def _state_if_ended(self, consumed: int | None) -> dict[str, Any] | None:
+        """The saved state of an ended epoch this sampler was loaded at, if no pass began since."""
+        if self._ended_at is None or consumed:
+            return None
+        return dict(self._ended_state)
 
     def _checked_epoch(self, epoch: object) -> int:
         epoch = require_int("epoch", epoch)
@@ -119,6 +126,7 @@ class EpochSampler(Sampler[int]):
         self._fresh = True
         self._active: Pass | None = None
         self._ended_at: Any = None  # an ended epoch a state was saved at (see _resume_at)
+        self._ended_state: dict[str, Any] = {}
         self._generation += 1
 
     def _begin(self, run: Pass) -> None:

@@ -51,6 +51,8 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """Where this rank's stream stands; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
+        if (ended := self._state_if_ended(consumed)) is not None:
+            return ended
         share = len(self)
         used = self._used()[0] if consumed is None else require_int("consumed", consumed, minimum=0)
         if used > share:
@@ -73,4 +75,5 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
             raise ValueError(f"the state says consumed={consumed} but this rank's stream holds "
                              f"only {self.num_samples} samples")
         # Every rank's stream has num_samples: the epoch ended for all once it did for one.
-        self._resume_at(StreamPosition(epoch, consumed), ended=consumed >= self.num_samples)
+        self._resume_at(StreamPosition(epoch, consumed), state,
+                        ended=consumed >= self.num_samples)

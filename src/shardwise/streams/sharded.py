@@ -159,10 +159,11 @@ def shard_iterable(
 
 def shard_identity(shard: Shard) -> str:
     """What names a shard alike on every rank: a file shard by its file (and row group), a path
-    by itself, a function by its qualified name (with the plain values it holds as defaults or
-    in its closure, so ``[lambda i=i: read(i) for i in ...]`` differ), a ``functools.partial`` by
-    its arguments too, an object that is called by its class and plain attributes, a short list
-    of plain values by its values, anything else by its type and length.
+    by itself, a function by its qualified name (with the paths and other text it holds as
+    defaults or in its closure, so ``[lambda p=p: read(p) for p in paths]`` differ; numbers,
+    often this rank's own, are left out), a ``functools.partial`` by its arguments too, an
+    object that is called by its class and text attributes, a short list of plain values by its
+    values, anything else by its type and length.
 
     >>> shard_identity([1, 2]), shard_identity("data/a.txt"), shard_identity(range(3))
     ('list[1, 2]', 'data/a.txt', 'range(0, 3)')
@@ -200,8 +201,8 @@ def _plain(value: Any) -> str:
 
 
 def _callable_identity(function: Callable[..., Any]) -> str:
-    """A function or method by its qualified name and the plain values it holds; any other
-    callable object by its class and its plain attributes."""
+    """A function or method by its qualified name and the text values it holds; any other
+    callable object by its class and its text attributes."""
     if isinstance(function, types.MethodType):
         return f"{_plain(function.__self__)}.{function.__name__}"
     if not isinstance(function, (types.FunctionType, types.BuiltinFunctionType, type)):
@@ -218,8 +219,13 @@ def _callable_identity(function: Callable[..., Any]) -> str:
 
 
 def _held(items: Iterable[tuple[str, Any]]) -> str:
-    """``name=value`` for the plain values among ``items``, in order."""
-    return ", ".join(f"{name}={value!r}" for name, value in items if isinstance(value, _PLAIN))
+    """``name=value`` for the text values (paths, URLs, names) among ``items``, in order.
+
+    Numbers are left out: a shard's function often holds this rank's own (its rank, a seed
+    from it), which must not make ranks that list the same shards look different.
+    """
+    return ", ".join(f"{name}={os.fspath(value)!r}" for name, value in items
+                     if isinstance(value, (str, bytes, os.PathLike)))
 
 
 def _filled(cell: types.CellType) -> bool:
