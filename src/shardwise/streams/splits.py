@@ -51,12 +51,14 @@ def save_split(
     (5,)
     """
     world_size = require_int("world_size", world_size, minimum=1)
-    samplers = [DistributedSampler(size, world_size, rank, seed=seed, shuffle=shuffle,
-                                   remainder=remainder, layout=layout, permutation=permutation)
-                for rank in range(world_size)]  # every option checked before a file is written
-    for sampler in samplers:
+
+    def rank_sampler(rank: int) -> DistributedSampler:
+        sampler = DistributedSampler(size, world_size, rank, seed=seed, shuffle=shuffle,
+                                     remainder=remainder, layout=layout, permutation=permutation)
         sampler.set_epoch(epoch)
-    first = samplers[0]
+        return sampler
+
+    first = rank_sampler(0)  # every option checked before a file is written
     # As the sampler read them: plain ints (a NumPy integer given is written as one).
     manifest = {"size": first.size, "world_size": world_size, "epoch": first.epoch,
                 "seed": first.seed, "shuffle": first.shuffle, "remainder": first.remainder,
@@ -67,9 +69,9 @@ def save_split(
     # is never read as complete, nor new files by an old manifest.
     (folder / MANIFEST).unlink(missing_ok=True)
     paths = []
-    for rank, sampler in enumerate(samplers):
+    for rank in range(world_size):  # one sampler at a time: each holds the epoch's order
         path = split_file(folder, rank, world_size)
-        np.save(path, sampler.indices())
+        np.save(path, rank_sampler(rank).indices())
         paths.append(path)
     written = folder / f".{MANIFEST}.tmp"
     written.write_text(json.dumps(manifest, indent=1))
