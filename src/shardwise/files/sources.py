@@ -175,10 +175,10 @@ def _glob_local(url: str, pattern: str) -> dict[str, int]:
     """
     found: dict[str, int] = {}
     names: dict[tuple[int, int], str] = {}  # each real directory, and the name it is read under
-    prefix = _glob_prefix(pattern)
+    prefix, named = _glob_prefix(pattern), _literal_parts(pattern)
     # fsspec's glob neither follows nor types symlinks: Python's glob does
     for match in sorted(map(os.path.normpath, glob.glob(pattern, recursive=True))):
-        if _hidden(posixpath.relpath(match, prefix), _literal_parts(pattern)):
+        if _hidden(posixpath.relpath(match, prefix), named):
             continue
         if (size := _local_size(match)) is None:  # a directory, unless walked (``data/**``)
             if _inode(match) not in names:
@@ -198,9 +198,8 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
     ask = partial(retried, name=public, secrets=secrets)
     # In an http(s) URL "?" starts the query (a presigned URL's signature), as fsspec reads it.
     if _is_glob(path, "*[" if "http" in fs.protocol else "*?["):
-        parts = path.split("/")  # the folders before the first wildcard (none: the store's root)
-        root = "/".join(parts[:next(i for i, part in enumerate(parts) if _is_glob(part))])
-        root = root or fs.root_marker
+        root = _glob_prefix(path)
+        root = fs.root_marker if root == "." else root  # a wildcard at the store's top
         found = _glob_remote(fs, path, root, ask)
         if not found:
             raise FileNotFoundError(f"no input file matches the glob {public!r} (names that "
