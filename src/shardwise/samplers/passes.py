@@ -83,9 +83,8 @@ class EpochSampler(Sampler[int]):
         saved as its epoch ended gives that loop an empty rest of the epoch).
         """
         epoch = self._checked_epoch(epoch)
-        ended = self._ended_at
-        if ended is not None and self._fresh and epoch == ended.epoch:
-            self._stand_at(ended)
+        if self._ended is not None and epoch == self._ended[0].epoch:
+            self._stand_at(self._ended[0])
         elif not (self._fresh and epoch == self._at.epoch):
             self._stand_at(self._start_of(epoch))
 
@@ -101,15 +100,15 @@ class EpochSampler(Sampler[int]):
             except ValueError:  # the last epoch the seed allows: stay at its end
                 self._stand_at(at)
                 return
-            self._ended_at, self._ended_state = at, dict(state)
+            self._ended = at, dict(state)
         else:
             self._stand_at(at)
 
     def _state_if_ended(self, consumed: int | None) -> dict[str, Any] | None:
         """The saved state of an ended epoch this sampler was loaded at, if no pass began since."""
-        if self._ended_at is None or consumed:
+        if self._ended is None or consumed:
             return None
-        return dict(self._ended_state)
+        return dict(self._ended[1])
 
     def _checked_epoch(self, epoch: object) -> int:
         epoch = require_int("epoch", epoch)
@@ -125,14 +124,14 @@ class EpochSampler(Sampler[int]):
         self._at = at
         self._fresh = True
         self._active: Pass | None = None
-        self._ended_at: Any = None  # an ended epoch a state was saved at (see _resume_at)
-        self._ended_state: dict[str, Any] = {}
+        # An ended epoch's position and the state saved there, until a pass begins (_resume_at)
+        self._ended: tuple[Any, dict[str, Any]] | None = None
         self._generation += 1
 
     def _begin(self, run: Pass) -> None:
         """``run`` was asked for its first index: unless the sampler moved since, it is current."""
         if run.generation == self._generation:
-            self._at, self._fresh, self._active, self._ended_at = run.at, False, run, None
+            self._at, self._fresh, self._active, self._ended = run.at, False, run, None
 
     def _used(self) -> tuple[int, bool]:
         """How many indices the current pass handed out, and whether it was asked past its end."""

@@ -36,13 +36,13 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
     num_samples: int
     shuffle = True  # torch's attributes, which trainers read: the streams are random draws
     drop_last = False
+    _at: StreamPosition
+    _RESUME_HINT = "build the sampler as it was when the state was saved"
 
     @property
     def total_size(self) -> int:
         """Samples drawn over all ranks in an epoch, as torch's sampler names it."""
         return self.num_samples * self.num_replicas
-    _at: StreamPosition
-    _RESUME_HINT = "build the sampler as it was when the state was saved"
 
     def config(self) -> dict[str, Any]:
         """The settings a saved state must match (and that ``check_consistent`` compares)."""
