@@ -144,20 +144,20 @@ def check_consistent(
     """
     world, _ = group_world(group)
     try:
-        mine, problem = sampler_fields(sampler), None
+        fields, problem = sampler_fields(sampler), None
     except TypeError as error:  # raised on every rank: the others must not wait for this one
-        mine, problem = {}, error
-    per_rank = gather_objects((getattr(sampler, "rank", None), mine, dict(batching or {}),
-                               _portable(problem)), group)
-    raise_first_problem([rank_problem for *_, rank_problem in per_rank], cause=problem)
-    problems = disagreements([fields for _, fields, _, _ in per_rank])
-    problems += [f"rank {rank}'s sampler has rank={sampler_rank!r}"
-                 for rank, (sampler_rank, *_) in enumerate(per_rank) if sampler_rank != rank]
-    for value, ranks in group_ranks([fields.get("num_replicas") for _, fields, _, _ in per_rank]):
+        fields, problem = {}, error
+    per_rank = agree({"problem": problem, "rank": getattr(sampler, "rank", None),
+                      "fields": fields, "batching": dict(batching or {})}, (), group,
+                     caller="check_consistent")
+    problems = disagreements([mine["fields"] for mine in per_rank])
+    problems += [f"rank {rank}'s sampler has rank={mine['rank']!r}"
+                 for rank, mine in enumerate(per_rank) if mine["rank"] != rank]
+    for value, ranks in group_ranks([mine["fields"].get("num_replicas") for mine in per_rank]):
         if value is not None and value != world:  # (None: a rank that splits nothing)
             problems.append(f"{_ranks_have(ranks)} num_replicas={value!r} but the process group "
                             f"has {world} rank{'s' if world != 1 else ''}")
-    steps = disagreements([settings for _, _, settings, _ in per_rank])
+    steps = disagreements([mine["batching"] for mine in per_rank])
     parts = []
     if problems:
         parts.append("samplers differ across ranks, so their shares would overlap or leave gaps: "
