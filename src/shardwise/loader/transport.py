@@ -178,7 +178,8 @@ class _ArrayPickler(pickle.Pickler):
         if kind is torch.Tensor:
             if not _movable(obj) or obj.__dict__:  # attributes set on it: see reducer_override
                 return None
-            if obj.numel() * obj.element_size() > obj.untyped_storage().nbytes():
+            if not obj.is_contiguous() and (  # (a contiguous tensor never overlaps itself)
+                    obj.numel() * obj.element_size() > obj.untyped_storage().nbytes()):
                 return None  # overlapping (unfold, expand): pickled, its storage is the smaller
         elif kind is not np.ndarray or obj.dtype.kind not in "biufcmMV" or obj.dtype.hasobject:
             return None
