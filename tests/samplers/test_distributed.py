@@ -122,7 +122,7 @@ def test_a_pass_after_set_epoch_uses_exactly_that_epoch():
     sampler.set_epoch(0)
     first = list(sampler)
     assert sampler.epoch == 0
-    assert list(sampler) != first and sampler.epoch == 1
+    assert list(sampler) == first and sampler.epoch == 0  # as torch's: set_epoch's epoch again
 
 
 def test_works_as_a_dataloader_sampler():

@@ -1,4 +1,5 @@
-"""Each pass is a snapshot: fixed when made, counted only once it is asked for an index."""
+"""Each pass is a snapshot: fixed when made, counted only once it is asked for an index; once
+set_epoch is called, passes keep its epoch, as torch's do."""
 
 import copy
 import pickle
@@ -112,7 +113,33 @@ def test_every_epoch_restarts_after_set_epoch_even_mid_pass(permutation):
     sampler = DistributedSampler(40, 2, 1, seed=0, permutation=permutation)
     sampler.set_epoch(2)
     whole = list(sampler)
-    iterator = iter(sampler)  # the next epoch, 3
+    iterator = iter(sampler)
     next(iterator)
-    sampler.set_epoch(2)  # a pass of epoch 3 began, so this is a fresh start of epoch 2
+    sampler.set_epoch(2)  # a pass began, so this is a fresh start of epoch 2
     assert list(sampler) == whole
+
+
+def test_once_set_epoch_is_called_passes_keep_its_epoch_as_torchs_do():
+    sampler = DistributedSampler(40, 2, 1, seed=3)
+    assert [list(sampler) for _ in range(2)] == [torch_epoch(40, 2, 1, e, seed=3) for e in (0, 1)]
+    sampler.set_epoch(5)
+    left = iter(sampler)
+    next(left)  # a pass left after one index, as torchdata's loader leaves one on a resume
+    assert [list(sampler) for _ in range(2)] == [torch_epoch(40, 2, 1, 5, seed=3)] * 2
+    assert sampler.epoch == 5
+
+
+def test_set_epoch_with_the_saved_epoch_before_an_ended_state_gives_its_empty_rest():
+    saving = DistributedSampler(30, 3, 0, seed=4)
+    saving.set_epoch(2)
+    list(saving)
+    state = saving.state_dict()  # saved as epoch 2 ended
+    for set_first in (False, True):
+        sampler = DistributedSampler(30, 3, 0, seed=4)
+        if set_first:  # torchdata's loader loads a sampler's state after the caller's set_epoch
+            sampler.set_epoch(2)
+        sampler.load_state_dict(state)
+        sampler.set_epoch(2)
+        assert list(sampler) == [], set_first
+        sampler.set_epoch(3)
+        assert list(sampler) == torch_epoch(30, 3, 0, 3, seed=4)

@@ -47,3 +47,39 @@ def test_stateful_dataloader_epochs_without_set_epoch(options):
     sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
     loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
     assert [flat(loader) for _ in range(3)] == [torch_epoch(e) for e in range(3)]
+
+
+def _epoch_0_then_state(options, at_last_batch):
+    """A loader over epoch 0 and its state taken at the last batch, or after the epoch ended."""
+    data = torch.arange(SIZE)
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    sampler.set_epoch(0)
+    batches = len(loader)
+    for step, _ in enumerate(loader):
+        if at_last_batch and step == batches - 1:
+            break
+    state = loader.state_dict()
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    loader.load_state_dict(state)
+    return sampler, loader
+
+
+@pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
+def test_a_state_taken_at_the_last_batch_resumes_as_torchdatas_own_sampler_does(options):
+    sampler, loader = _epoch_0_then_state(options, at_last_batch=True)
+    epochs = []
+    for epoch in range(3):  # the state loads inside iter(), after set_epoch(0)
+        sampler.set_epoch(epoch)
+        epochs.append(flat(loader))
+    assert epochs == [[], torch_epoch(1), torch_epoch(2)]  # epoch 1 once, not twice
+
+
+@pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
+def test_a_state_taken_after_the_epoch_ended_resumes_with_the_epoch_set(options):
+    sampler, loader = _epoch_0_then_state(options, at_last_batch=False)
+    sampler.set_epoch(1)  # the loader prefetches from a pass it then drops: epoch 1 still
+    assert flat(loader) == torch_epoch(1)
+    sampler.set_epoch(2)
+    assert flat(loader) == torch_epoch(2)

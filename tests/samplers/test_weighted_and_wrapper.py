@@ -136,7 +136,9 @@ def test_wrapper_forwards_set_epoch_to_the_inner_sampler():
     wrapper = DistributedSamplerWrapper(Epochs(), 2, 0)
     wrapper.set_epoch(2)
     assert list(wrapper) == [4, 0, 2]
-    assert list(wrapper) == [3, 5, 1]  # the next epoch, 3
+    assert list(wrapper) == [4, 0, 2]  # epoch 2 again, as torch's samplers after set_epoch
+    wrapper.set_epoch(3)
+    assert list(wrapper) == [3, 5, 1]
 
 
 def test_wrapper_resumes_elastically():

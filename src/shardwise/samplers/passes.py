@@ -3,8 +3,8 @@
 A sampler here is a pure function of ``(seed, epoch)`` and a position in the epoch; this base
 class keeps that position and turns it into passes:
 
-- ``set_epoch(e)`` makes the next pass use exactly epoch ``e``; without it each pass starts the
-  next epoch (0, 1, 2, ...) instead of repeating one.
+- ``set_epoch(e)`` makes the next passes use exactly epoch ``e``, as torch's sampler does; until
+  it is first called, each pass starts the next epoch (0, 1, 2, ...) instead of repeating one.
 - ``iter(sampler)`` is a pass fixed when it is made: ``set_epoch``, ``load_state_dict`` or another
   ``iter()`` never change a live pass. It counts once it is asked for an index, so an iterator
   made and dropped (torch's DataLoader makes one) changes nothing.
@@ -64,6 +64,7 @@ class EpochSampler(Sampler[int]):
 
     def _init_epochs(self) -> None:
         self._generation = 0  # counts the moves of set_epoch and load_state_dict
+        self._chosen = False  # set_epoch was called: passes keep its epoch, as torch's do
         self._stand_at(self._start_of(self._checked_epoch(0)))
 
     @property
@@ -76,7 +77,7 @@ class EpochSampler(Sampler[int]):
         self.set_epoch(epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass use exactly ``epoch``.
+        """Make the next passes use exactly ``epoch``, until it is called again (as torch's).
 
         A position restored by ``load_state_dict`` for this same epoch is kept, so the usual
         ``load_state_dict(...); for e in ...: set_epoch(e)`` loop resumes mid-epoch (a state
@@ -87,22 +88,27 @@ class EpochSampler(Sampler[int]):
             self._stand_at(self._ended[0])
         elif not (self._fresh and epoch == self._at.epoch):
             self._stand_at(self._start_of(epoch))
+        self._chosen = True
 
     def _resume_at(self, at: Any, state: Mapping[str, Any], ended: bool) -> None:
         """Stand at the position ``at`` a saved ``state`` gives. If the state was saved as its
         epoch ended (nothing left on any rank), stand where the pass after that epoch would
         start, the next epoch, as an uninterrupted run goes on; ``set_epoch`` with the saved
         epoch still gives its empty rest, and until a pass begins ``state_dict()`` is the saved
-        state. (A rank whose share ran out before the others' goes on in the epoch.)"""
-        if ended:
+        state. So does ``set_epoch`` with the saved epoch just before: torchdata's loader loads
+        the state after the caller's ``set_epoch``. (A rank whose share ran out before the
+        others' goes on in the epoch.)"""
+        chose_saved_epoch = self._chosen and self._fresh and self._at.epoch == at.epoch
+        if ended and not chose_saved_epoch:
             try:
                 self._stand_at(self._start_of(self._checked_epoch(at.epoch + 1)))
             except ValueError:  # the last epoch the seed allows: stay at its end
                 self._stand_at(at)
                 return
-            self._ended = at, dict(state)
         else:
             self._stand_at(at)
+        if ended:
+            self._ended = at, dict(state)
 
     def _state_if_ended(self, consumed: int | None) -> dict[str, Any] | None:
         """The saved state of an ended epoch this sampler was loaded at, if no pass began since."""
@@ -152,7 +158,9 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         if self._fresh:
             at = self._at
-        else:  # a pass already began here: this one is the next epoch
+        elif self._chosen:  # a pass already began here: the epoch set_epoch chose, again
+            at = self._start_of(self._at.epoch)
+        else:  # a pass already began here and set_epoch was never called: the next epoch
             at = self._start_of(self._checked_epoch(self._at.epoch + 1))
         return Pass(self, at, self._generation).iterator()
 
