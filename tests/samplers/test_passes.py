@@ -143,3 +143,13 @@ def test_set_epoch_with_the_saved_epoch_before_an_ended_state_gives_its_empty_re
         assert list(sampler) == [], set_first
         sampler.set_epoch(3)
         assert list(sampler) == torch_epoch(30, 3, 0, 3, seed=4)
+
+
+def test_set_epoch_with_the_epoch_of_a_live_pass_leaves_it_counting():
+    sampler = DistributedSampler(40, 2, 1, seed=3)
+    iterator = iter(sampler)  # Lightning makes the pass, then calls set_epoch
+    taken = list(islice(iterator, 6))
+    sampler.set_epoch(0)
+    assert sampler.state_dict()["consumed"] == 6  # not cut loose: a checkpoint sees the pass
+    assert taken + list(iterator) == torch_epoch(40, 2, 1, 0, seed=3)
+    assert list(sampler) == torch_epoch(40, 2, 1, 0, seed=3)  # the next pass: epoch 0 whole

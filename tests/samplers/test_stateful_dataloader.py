@@ -77,9 +77,29 @@ def test_a_state_taken_at_the_last_batch_resumes_as_torchdatas_own_sampler_does(
 
 
 @pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
-def test_a_state_taken_after_the_epoch_ended_resumes_with_the_epoch_set(options):
+@pytest.mark.parametrize("first", [0, 1])
+def test_a_state_taken_after_the_epoch_ended_resumes_with_the_epoch_set(options, first):
     sampler, loader = _epoch_0_then_state(options, at_last_batch=False)
-    sampler.set_epoch(1)  # the loader prefetches from a pass it then drops: epoch 1 still
-    assert flat(loader) == torch_epoch(1)
-    sampler.set_epoch(2)
-    assert flat(loader) == torch_epoch(2)
+    epochs = []
+    for epoch in range(first, 3):  # the loader prefetches from a pass it then drops
+        sampler.set_epoch(epoch)
+        epochs.append(flat(loader))
+    assert epochs == [[], torch_epoch(1), torch_epoch(2)][first:]
+
+
+@pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
+def test_a_checkpoint_between_iter_and_set_epoch_sees_the_pass(options):
+    """Lightning's order: iter(loader), then set_epoch; a checkpoint on the epoch's last step."""
+    data = torch.arange(SIZE)
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    batches = iter(loader)
+    sampler.set_epoch(0)
+    trained = flat(next(batches) for _ in range(len(loader)))
+    state = loader.state_dict()
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    loader.load_state_dict(state)
+    batches = iter(loader)
+    sampler.set_epoch(1)
+    assert (trained, flat(batches)) == (torch_epoch(0), torch_epoch(1))

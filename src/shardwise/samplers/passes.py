@@ -86,8 +86,10 @@ class EpochSampler(Sampler[int]):
         epoch = self._checked_epoch(epoch)
         if self._ended is not None and epoch == self._ended[0].epoch:
             self._stand_at(self._ended[0])
-        elif not (self._fresh and epoch == self._at.epoch):
+        elif epoch != self._at.epoch:
             self._stand_at(self._start_of(epoch))
+        # The epoch already standing: a pass begun in it goes on counting (Lightning and
+        # torchdata's loader make the pass before set_epoch), and the next pass starts it whole.
         self._chosen = True
 
     def _resume_at(self, at: Any, state: Mapping[str, Any], ended: bool) -> None:
@@ -159,7 +161,9 @@ class EpochSampler(Sampler[int]):
         if self._fresh:
             at = self._at
         elif self._chosen:  # a pass already began here: the epoch set_epoch chose, again
-            at = self._start_of(self._at.epoch)
+            # (an ended epoch's empty rest stays empty: torchdata's loader begins one and drops it)
+            empty = self._active is not None and self._active.length == 0
+            at = self._at if empty else self._start_of(self._at.epoch)
         else:  # a pass already began here and set_epoch was never called: the next epoch
             at = self._start_of(self._checked_epoch(self._at.epoch + 1))
         return Pass(self, at, self._generation).iterator()
