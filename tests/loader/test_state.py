@@ -117,6 +117,34 @@ def test_any_ranks_loader_state_resumes_every_rank_of_another_world_size(remaind
         assert set(trained) == set(range(size))
 
 
+def test_a_resumed_pass_on_more_ranks_counts_the_epoch_as_torch_and_ends_at_its_own_end():
+    """3 ranks train 5 batches, 4 finish the epoch; a state after each of their batches resumes
+    the rest of that rank's pass exactly, and len() counts whole epochs, as torch's does."""
+    size = 103
+
+    def loader(world, rank, state=None):
+        made = DataLoader(Indexed(size), batch_size=4, sampler=DistributedSampler(
+            size, world, rank, seed=1, remainder="uneven"))
+        if state is not None:
+            made.load_state_dict(state)
+        return made
+
+    before = loader(3, 0)
+    list(islice(before, 5))
+    state = before.state_dict()
+    for rank in range(4):
+        resumed = loader(4, rank, state)
+        assert len(resumed) == len(loader(4, rank)) == 7  # 26 samples of a 4-rank epoch
+        rest = values(resumed)
+        assert len(rest) == 3 and sum(map(len, rest)) == 11 - (rank == 3)  # 103 - 60 over 4
+        for step in range(1, len(rest) + 1):  # a checkpoint after each batch of the rest
+            again = loader(4, rank, state)
+            iterator = iter(again)
+            list(islice(iterator, step))
+            assert values(loader(4, rank, again.state_dict())) == rest[step:] or (
+                step == len(rest))  # on the last batch: the next epoch, whole
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("seeded", [False, True])
 def test_torch_samplers_resume_by_replaying_their_draws(workers, seeded):

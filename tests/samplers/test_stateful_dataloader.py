@@ -1,5 +1,7 @@
 """The sampler under torchdata's StatefulDataLoader: its epochs, and its mid-epoch resume."""
 
+from itertools import islice
+
 import pytest
 import torch
 
@@ -103,3 +105,24 @@ def test_a_checkpoint_between_iter_and_set_epoch_sees_the_pass(options):
     batches = iter(loader)
     sampler.set_epoch(1)
     assert (trained, flat(batches)) == (torch_epoch(0), torch_epoch(1))
+
+
+@pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
+def test_len_stays_the_epochs_through_a_resume_as_trainers_read_it_once(options):
+    data = torch.arange(SIZE)
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    whole = len(loader)
+    sampler.set_epoch(0)
+    batches = iter(loader)
+    head = flat(next(batches) for _ in range(2))
+    state = loader.state_dict()
+    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
+    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    loader.load_state_dict(state)
+    sampler.set_epoch(0)
+    rest = flat(loader)
+    steps = len(loader)  # Lightning reads it once, and takes at most that many in later epochs
+    sampler.set_epoch(1)
+    assert (head + rest, steps) == (torch_epoch(0), whole)
+    assert flat(islice(loader, steps)) == torch_epoch(1)  # not cut to the resumed pass's count

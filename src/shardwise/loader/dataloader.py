@@ -19,7 +19,7 @@ from shardwise.checks import require_choice, require_int
 from shardwise.distributed.consistency import check_consistent
 from shardwise.loader.iterator import LoaderIterator
 from shardwise.loader.pools import Workers
-from shardwise.loader.position import PassRecord, Resume, loader_state, read_state, resumed_batches
+from shardwise.loader.position import PassRecord, Resume, loader_state, read_state
 from shardwise.loader.progress import EpochBar
 from shardwise.loader.stats import Clock, LoaderStats
 from shardwise.samplers import DistributedSampler
@@ -221,10 +221,6 @@ class DataLoader(TorchDataLoader[T_co]):
         else:
             self._workers.close()
         self._workers = None
-
-    def __len__(self) -> int:
-        """Batches in the epoch; a pass resumed mid-epoch yields only those still to come."""
-        return super().__len__() + resumed_batches(self, self._resume, self._record)
 
     def set_epoch(self, epoch: int) -> None:
         """``set_epoch`` on the loader's sampler (or its batch sampler's), for one-line loops."""

@@ -140,20 +140,6 @@ def current(loader: Any, record: PassRecord) -> bool:
     return getattr(resumable_sampler(loader), "epoch", None) == record.sampler_epoch
 
 
-def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | None) -> int:
-    """Batches of this epoch delivered before a resume that the sampler's pass no longer holds.
-
-    A sampler resumed mid-epoch yields only the rest of the epoch, so this is added to its
-    length: ``len(loader)`` stays the epoch's, as trainers that count steps (Lightning) expect.
-    """
-    if resume is not None:
-        resume = resume.applied(loader)
-        return resume.resumed_batches if resume.skip == 0 else 0
-    if record is not None and record.route == "sampler" and current(loader, record):
-        return record.resumed_batches
-    return 0
-
-
 def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     """The state of ``loader`` after what ``record`` says was delivered."""
     sampler = resumable_sampler(loader)
@@ -190,8 +176,9 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         # A pass that delivered its whole epoch used the sampler's share, the samples a
         # drop_last batch left out too: the sampler's state then says the epoch ended.
         whole = record.finished or _delivered_all(loader, record)
-        state["sampler"] = sampler.state_dict(consumed=len(sampler) if whole
-                                              else record.prefix_samples)
+        state["sampler"] = sampler.state_dict(
+            consumed=getattr(sampler, "pass_length", len(sampler)) if whole
+            else record.prefix_samples)
     else:
         # As hex: a generator's state is 5 KB, which as a list of numbers took 25 µs a state.
         state["randomness"] = {name: s.numpy().tobytes().hex()
@@ -222,9 +209,23 @@ def _delivered_all(loader: Any, record: PassRecord) -> bool:
     if record.route == "iterable" or record.ahead:
         return False
     try:
-        return record.resumed_batches + record.prefix >= len(loader)
+        return record.prefix >= _pass_batches(loader, record)
     except TypeError:  # a sampler without a length
         return False
+
+
+def _pass_batches(loader: Any, record: PassRecord) -> int:
+    """The batches of a map dataset's pass: the epoch's (``len(loader)``, as torch counts them)
+    less those a resume began after, or, batching a shardwise sampler's pass (which holds the
+    rest of its epoch, on whatever world size resumed it), that pass's own."""
+    sampler, batcher = resumable_sampler(loader), loader.batch_sampler
+    length = getattr(sampler, "pass_length", None) if record.route == "sampler" else None
+    if length is not None and batcher is None:
+        return length
+    if length is not None and isinstance(batcher, BatchSampler) and batcher.sampler is sampler:
+        size = batcher.batch_size
+        return length // size if batcher.drop_last else -(-length // size)
+    return len(loader) - record.resumed_batches
 
 
 def stateful(thing: Any) -> bool:

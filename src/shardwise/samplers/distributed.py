@@ -154,10 +154,10 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
 
     @property
     def num_samples(self) -> int:
-        """This rank's share of the whole (or resumed) epoch, as torch's attribute."""
+        """This rank's share of an epoch, as torch's attribute (and ``len()``)."""
         if self._assigned_num_samples is not None:
             return self._assigned_num_samples
-        return self._share(self._at)
+        return super().__len__()
 
     @num_samples.setter
     def num_samples(self, value: int) -> None:
@@ -168,7 +168,7 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         """All ranks' shares together, repeats included, as torch's attribute."""
         if self._assigned_total_size is not None:
             return self._assigned_total_size
-        return split_total(self._at.segments.length, self.num_replicas, self.remainder)
+        return split_total(self.size, self.num_replicas, self.remainder)
 
     @total_size.setter
     def total_size(self, value: int) -> None:
@@ -219,7 +219,7 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         >>> DistributedSampler(7, 3, 2, shuffle=False).padding_mask().tolist()
         [False, False, True]
         """
-        start, stop = bounds(start, stop, len(self))
+        start, stop = bounds(start, stop, self.pass_length)
         return self._positions(self._at, start, stop) >= self._at.segments.length
 
     def dropped(self) -> np.ndarray:
@@ -280,7 +280,7 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         """
         if (ended := self._state_if_ended(consumed)) is not None:
             return ended
-        share = len(self)
+        share = self.pass_length
         if consumed is None:
             used, finished = self._used()
         else:

@@ -149,12 +149,19 @@ class EpochSampler(Sampler[int]):
     # -- this rank's sequence ------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """How many indices the current pass, or the next one after ``set_epoch``, yields here."""
+        """How many indices a whole epoch yields here, as torch's ``len()``; a pass resumed
+        mid-epoch yields only the rest (``pass_length``)."""
+        return self._pass_length(self._start_of(self._at.epoch))
+
+    @property
+    def pass_length(self) -> int:
+        """How many indices the current pass, or the next one after ``set_epoch`` or
+        ``load_state_dict``, yields here."""
         return self._pass_length(self._at)
 
     def indices(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Indices ``start:stop`` of this rank's current pass, as int64; computes only those."""
-        start, stop = bounds(start, stop, len(self))
+        start, stop = bounds(start, stop, self.pass_length)
         return self._take(self._at, self._pass_context(self._at), start, stop)
 
     def __iter__(self) -> Iterator[int]:

@@ -58,7 +58,7 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
         """Where this rank's stream stands; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
         if (ended := self._state_if_ended(consumed)) is not None:
             return ended
-        share = len(self)
+        share = self.pass_length
         used = self._used()[0] if consumed is None else require_int("consumed", consumed, minimum=0)
         if used > share:
             raise ValueError(f"consumed={used} but this rank's pass has only {share} samples")
