@@ -19,7 +19,14 @@ from shardwise.checks import require_choice, require_int
 from shardwise.distributed.consistency import check_consistent
 from shardwise.loader.iterator import LoaderIterator
 from shardwise.loader.pools import Workers
-from shardwise.loader.position import PassRecord, Resume, loader_state, read_state
+from shardwise.loader.position import (
+    PassRecord,
+    Resume,
+    loader_state,
+    pass_batches,
+    read_state,
+    resumed_batches,
+)
 from shardwise.loader.progress import EpochBar
 from shardwise.loader.stats import Clock, LoaderStats
 from shardwise.samplers import DistributedSampler
@@ -221,6 +228,13 @@ class DataLoader(TorchDataLoader[T_co]):
         else:
             self._workers.close()
         self._workers = None
+
+    def __len__(self) -> int:
+        """Batches in the epoch, as torch counts them. A pass resumed mid-epoch yields only those
+        still to come; on another world size, those and the ones delivered before the resume."""
+        before = resumed_batches(self, self._resume, self._record)
+        own = pass_batches(self) if before else None
+        return super().__len__() if own is None else before + own
 
     def set_epoch(self, epoch: int) -> None:
         """``set_epoch`` on the loader's sampler (or its batch sampler's), for one-line loops."""

@@ -140,6 +140,32 @@ def current(loader: Any, record: PassRecord) -> bool:
     return getattr(resumable_sampler(loader), "epoch", None) == record.sampler_epoch
 
 
+def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | None) -> int:
+    """Batches of this epoch delivered before a resume that the sampler's pass no longer holds."""
+    if resume is not None:
+        resume = resume.applied(loader)
+        return resume.resumed_batches if resume.skip == 0 else 0
+    if record is not None and record.route == "sampler" and current(loader, record):
+        return record.resumed_batches
+    return 0
+
+
+def pass_batches(loader: Any) -> int | None:
+    """The batches of the sampler's current pass, where a shardwise sampler says how many
+    indices it holds (``pass_length``: a resumed one, the rest of its epoch on whatever world
+    size resumed it) and the loader batches them itself; else ``None``."""
+    sampler, batcher = resumable_sampler(loader), loader.batch_sampler
+    length = getattr(sampler, "pass_length", None)
+    if length is None:
+        return None
+    if batcher is None:
+        return length
+    if isinstance(batcher, BatchSampler) and batcher.sampler is sampler:
+        size = batcher.batch_size
+        return length // size if batcher.drop_last else -(-length // size)
+    return None
+
+
 def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     """The state of ``loader`` after what ``record`` says was delivered."""
     sampler = resumable_sampler(loader)
@@ -209,23 +235,9 @@ def _delivered_all(loader: Any, record: PassRecord) -> bool:
     if record.route == "iterable" or record.ahead:
         return False
     try:
-        return record.prefix >= _pass_batches(loader, record)
+        return record.resumed_batches + record.prefix >= len(loader)
     except TypeError:  # a sampler without a length
         return False
-
-
-def _pass_batches(loader: Any, record: PassRecord) -> int:
-    """The batches of a map dataset's pass: the epoch's (``len(loader)``, as torch counts them)
-    less those a resume began after, or, batching a shardwise sampler's pass (which holds the
-    rest of its epoch, on whatever world size resumed it), that pass's own."""
-    sampler, batcher = resumable_sampler(loader), loader.batch_sampler
-    length = getattr(sampler, "pass_length", None) if record.route == "sampler" else None
-    if length is not None and batcher is None:
-        return length
-    if length is not None and isinstance(batcher, BatchSampler) and batcher.sampler is sampler:
-        size = batcher.batch_size
-        return length // size if batcher.drop_last else -(-length // size)
-    return len(loader) - record.resumed_batches
 
 
 def stateful(thing: Any) -> bool:
