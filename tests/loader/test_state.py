@@ -146,6 +146,37 @@ def test_a_resumed_pass_on_more_ranks_counts_its_steps_and_ends_at_its_own_end()
                 step == len(rest))  # on the last batch: the next epoch, whole
 
 
+def test_a_batch_sampler_of_its_own_over_a_shardwise_sampler_resumes_at_every_step():
+    class Pairs(BatchSampler):  # batches of 2 whatever batch_size says, as a token budget may
+        def __iter__(self):
+            batch = []
+            for index in self.sampler:
+                batch.append(index)
+                if len(batch) == 2:
+                    yield batch
+                    batch = []
+
+        def __len__(self):
+            return len(self.sampler) // 2
+
+    def loader(state=None):
+        made = DataLoader(Indexed(24), batch_sampler=Pairs(
+            DistributedSampler(24, 2, 0, seed=1), batch_size=4, drop_last=False))
+        if state is not None:
+            made.load_state_dict(state)
+        return made
+
+    whole = values(loader())
+    first = loader()
+    list(islice(first, 2))
+    state = first.state_dict()
+    for step in range(len(whole) - 2):  # a state at each step of the resumed pass
+        again = loader(state)
+        assert len(again) == len(whole)
+        list(islice(iter(again), step))
+        assert values(loader(again.state_dict())) == whole[2 + step:]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("seeded", [False, True])
 def test_torch_samplers_resume_by_replaying_their_draws(workers, seeded):

@@ -160,7 +160,7 @@ def pass_batches(loader: Any) -> int | None:
         return None
     if batcher is None:
         return length
-    if isinstance(batcher, BatchSampler) and batcher.sampler is sampler:
+    if type(batcher) is BatchSampler and batcher.sampler is sampler:  # batches as its length says
         size = batcher.batch_size
         return length // size if batcher.drop_last else -(-length // size)
     return None
