@@ -51,21 +51,25 @@ def test_stateful_dataloader_epochs_without_set_epoch(options):
     assert [flat(loader) for _ in range(3)] == [torch_epoch(e) for e in range(3)]
 
 
-def _epoch_0_then_state(options, at_last_batch):
-    """A loader over epoch 0 and its state taken at the last batch, or after the epoch ended."""
+def _sampler_and_loader(options, state=None):
+    """A shardwise sampler under torchdata's loader, the loader given ``state`` if any."""
     data = torch.arange(SIZE)
     sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
     loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    if state is not None:
+        loader.load_state_dict(state)
+    return sampler, loader
+
+
+def _epoch_0_then_state(options, at_last_batch):
+    """A loader over epoch 0 and its state taken at the last batch, or after the epoch ended."""
+    sampler, loader = _sampler_and_loader(options)
     sampler.set_epoch(0)
     batches = len(loader)
     for step, _ in enumerate(loader):
         if at_last_batch and step == batches - 1:
             break
-    state = loader.state_dict()
-    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
-    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
-    loader.load_state_dict(state)
-    return sampler, loader
+    return _sampler_and_loader(options, loader.state_dict())
 
 
 @pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
@@ -92,16 +96,11 @@ def test_a_state_taken_after_the_epoch_ended_resumes_with_the_epoch_set(options,
 @pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
 def test_a_checkpoint_between_iter_and_set_epoch_sees_the_pass(options):
     """Lightning's order: iter(loader), then set_epoch; a checkpoint on the epoch's last step."""
-    data = torch.arange(SIZE)
-    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
-    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    sampler, loader = _sampler_and_loader(options)
     batches = iter(loader)
     sampler.set_epoch(0)
     trained = flat(next(batches) for _ in range(len(loader)))
-    state = loader.state_dict()
-    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
-    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
-    loader.load_state_dict(state)
+    sampler, loader = _sampler_and_loader(options, loader.state_dict())
     batches = iter(loader)
     sampler.set_epoch(1)
     assert (trained, flat(batches)) == (torch_epoch(0), torch_epoch(1))
@@ -109,17 +108,12 @@ def test_a_checkpoint_between_iter_and_set_epoch_sees_the_pass(options):
 
 @pytest.mark.parametrize("options", LOADER_OPTIONS[:4], ids=str)
 def test_len_stays_the_epochs_through_a_resume_as_trainers_read_it_once(options):
-    data = torch.arange(SIZE)
-    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
-    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
+    sampler, loader = _sampler_and_loader(options)
     whole = len(loader)
     sampler.set_epoch(0)
     batches = iter(loader)
     head = flat(next(batches) for _ in range(2))
-    state = loader.state_dict()
-    sampler = DistributedSampler(data, WORLD, RANK, seed=SEED)
-    loader = torchdata.StatefulDataLoader(data, sampler=sampler, **options)
-    loader.load_state_dict(state)
+    sampler, loader = _sampler_and_loader(options, loader.state_dict())
     sampler.set_epoch(0)
     rest = flat(loader)
     steps = len(loader)  # Lightning reads it once, and takes at most that many in later epochs
