@@ -159,9 +159,9 @@ def test_a_batch_sampler_of_its_own_over_a_shardwise_sampler_resumes_at_every_st
         def __len__(self):
             return len(self.sampler) // 2
 
-    def loader(state=None):
+    def loader(state=None, world=2, rank=0):
         made = DataLoader(Indexed(24), batch_sampler=Pairs(
-            DistributedSampler(24, 2, 0, seed=1), batch_size=4, drop_last=False))
+            DistributedSampler(24, world, rank, seed=1), batch_size=4, drop_last=False))
         if state is not None:
             made.load_state_dict(state)
         return made
@@ -175,6 +175,11 @@ def test_a_batch_sampler_of_its_own_over_a_shardwise_sampler_resumes_at_every_st
         assert len(again) == len(whole)
         list(islice(iter(again), step))
         assert values(loader(again.state_dict())) == whole[2 + step:]
+    for rank in range(4):  # on more ranks: more steps (2 + 2) than the new world's epoch (3)
+        rest = values(loader(state, 4, rank))
+        again = loader(state, 4, rank)
+        list(islice(iter(again), 1))
+        assert values(loader(again.state_dict(), 4, rank)) == rest[1:] and len(rest) == 2
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -234,6 +234,10 @@ def _delivered_all(loader: Any, record: PassRecord) -> bool:
     """Whether a map dataset's pass delivered every batch of its epoch (its end not yet seen)."""
     if record.route == "iterable" or record.ahead:
         return False
+    length = getattr(resumable_sampler(loader), "pass_length", None)
+    if record.route == "sampler" and length is not None:
+        own = pass_batches(loader)  # batched otherwise: every sample of the pass delivered
+        return record.prefix >= own if own is not None else record.prefix_samples >= length
     try:
         return record.resumed_batches + record.prefix >= len(loader)
     except TypeError:  # a sampler without a length
