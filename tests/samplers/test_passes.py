@@ -115,7 +115,7 @@ def test_every_epoch_restarts_after_set_epoch_even_mid_pass(permutation):
     whole = list(sampler)
     iterator = iter(sampler)
     next(iterator)
-    sampler.set_epoch(2)  # a pass began, so this is a fresh start of epoch 2
+    sampler.set_epoch(2)  # a pass of epoch 2 is live: the next one is epoch 2 whole
     assert list(sampler) == whole
 
 
@@ -138,8 +138,10 @@ def test_set_epoch_with_the_saved_epoch_before_an_ended_state_gives_its_empty_re
         sampler = DistributedSampler(30, 3, 0, seed=4)
         if set_first:  # torchdata's loader loads a sampler's state after the caller's set_epoch
             sampler.set_epoch(2)
-        sampler.load_state_dict(state)
-        sampler.set_epoch(2)
+            sampler.load_state_dict(state)
+        else:
+            sampler.load_state_dict(state)
+            sampler.set_epoch(2)
         assert list(sampler) == [], set_first
         sampler.set_epoch(3)
         assert list(sampler) == torch_epoch(30, 3, 0, 3, seed=4)
