@@ -101,7 +101,7 @@ def test_consumed_counts_what_training_used_not_what_was_prefetched():
     assert list(resume(state, 40, 2)[0]) == prefetched[8:] + list(iterator)
 
 
-def test_a_finished_epoch_resumes_as_an_empty_pass_then_moves_on():
+def test_a_finished_epoch_resumes_as_an_empty_pass_then_the_next_epoch_set():
     before = ranks(20, 2)
     for sampler in before:
         list(sampler)
