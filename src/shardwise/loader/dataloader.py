@@ -25,6 +25,7 @@ from shardwise.loader.position import (
     loader_state,
     pass_batches,
     read_state,
+    resumable_sampler,
     resumed_batches,
 )
 from shardwise.loader.progress import EpochBar
@@ -233,7 +234,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """Batches in the epoch, as torch counts them. A pass resumed mid-epoch yields only those
         still to come; on another world size, those and the ones delivered before the resume."""
         before = resumed_batches(self, self._resume, self._record)
-        own = pass_batches(self) if before else None
+        own = pass_batches(self, resumable_sampler(self)) if before else None
         return super().__len__() if own is None else before + own
 
     def set_epoch(self, epoch: int) -> None:

@@ -150,12 +150,11 @@ def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | Non
     return 0
 
 
-def pass_batches(loader: Any) -> int | None:
-    """The batches of the sampler's current pass, where a shardwise sampler says how many
+def pass_batches(loader: Any, sampler: Any) -> int | None:
+    """The batches of ``sampler``'s current pass, where a shardwise sampler says how many
     indices it holds (``pass_length``: a resumed one, the rest of its epoch on whatever world
     size resumed it) and the loader batches them itself; else ``None``."""
-    sampler, batcher = resumable_sampler(loader), loader.batch_sampler
-    length = getattr(sampler, "pass_length", None)
+    length, batcher = getattr(sampler, "pass_length", None), loader.batch_sampler
     if length is None:
         return None
     if batcher is None:
@@ -169,8 +168,8 @@ def pass_batches(loader: Any) -> int | None:
 def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     """The state of ``loader`` after what ``record`` says was delivered."""
     sampler = resumable_sampler(loader)
-    if record is None or not current(loader, record) or (
-            record.route != "sampler" and (record.finished or _delivered_all(loader, record))):
+    if record is None or not current(loader, record) or (record.route != "sampler" and (
+            record.finished or _delivered_all(loader, record, sampler))):
         # No pass yet, the sampler moved on, or the pass ended (or delivered its last batch,
         # as a checkpoint on an epoch's last step sees it): the state is the next pass's start,
         # so a resume begins the next epoch whole, as this loader's next pass would (a
@@ -201,7 +200,7 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     if record.route == "sampler":
         # A pass that delivered its whole epoch used the sampler's share, the samples a
         # drop_last batch left out too: the sampler's state then says the epoch ended.
-        whole = record.finished or _delivered_all(loader, record)
+        whole = record.finished or _delivered_all(loader, record, sampler)
         state["sampler"] = sampler.state_dict(
             consumed=getattr(sampler, "pass_length", len(sampler)) if whole
             else record.prefix_samples)
@@ -230,13 +229,13 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     return state
 
 
-def _delivered_all(loader: Any, record: PassRecord) -> bool:
+def _delivered_all(loader: Any, record: PassRecord, sampler: Any) -> bool:
     """Whether a map dataset's pass delivered every batch of its epoch (its end not yet seen)."""
     if record.route == "iterable" or record.ahead:
         return False
-    length = getattr(resumable_sampler(loader), "pass_length", None)
+    length = getattr(sampler, "pass_length", None)
     if record.route == "sampler" and length is not None:
-        own = pass_batches(loader)  # batched otherwise: every sample of the pass delivered
+        own = pass_batches(loader, sampler)  # batched otherwise: every sample of it delivered
         return record.prefix >= own if own is not None else record.prefix_samples >= length
     try:
         return record.resumed_batches + record.prefix >= len(loader)

@@ -175,9 +175,7 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         self._assigned_total_size = value
 
     def __len__(self) -> int:
-        if self._assigned_num_samples is not None:
-            return self._assigned_num_samples
-        return super().__len__()
+        return self.num_samples  # as torch's
 
     def __iter__(self) -> Iterator[int]:
         # torch's __iter__ asserts that its pass holds num_samples indices; an assigned value
