@@ -16,6 +16,7 @@ from torch.utils.data import DistributedSampler as TorchSampler
 from shardwise import ClassBalancedSampler, DistributedSampler, WeightedDistributedSampler
 
 lightning = pytest.importorskip("lightning")
+from .spawned import LeaveTheGroupTogether  # after the skip: it needs lightning
 
 SIZE, WORLD, EPOCHS, SEED = 23, 2, 2, 3
 
@@ -66,7 +67,7 @@ def test_lightning_ddp_keeps_the_sampler_and_trains_each_rank_on_its_share(tmp_p
     trainer = lightning.Trainer(
         accelerator="cpu", devices=WORLD, strategy="ddp_spawn", max_epochs=EPOCHS,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path,
+        enable_model_summary=False, default_root_dir=tmp_path, callbacks=[LeaveTheGroupTogether()],
     )
     trainer.fit(Recorder(str(tmp_path), kind))
     for rank in range(WORLD):

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from shardwise import DataLoader
 
 lightning = pytest.importorskip("lightning")
+from .spawned import LeaveTheGroupTogether  # after the skip: it needs lightning
 
 SIZE, WORLD, BATCH = 40, 2, 2  # 10 steps an epoch on each rank
 
@@ -51,10 +52,11 @@ class Recorder(lightning.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def trainer(tmp_path: Path, **options) -> "lightning.Trainer":
+def trainer(tmp_path: Path, callbacks: list | tuple = (), **options) -> "lightning.Trainer":
     return lightning.Trainer(accelerator="cpu", devices=WORLD, strategy="ddp_spawn", logger=False,
                              enable_progress_bar=False, enable_model_summary=False,
-                             default_root_dir=tmp_path, **options)
+                             default_root_dir=tmp_path,
+                             callbacks=[*callbacks, LeaveTheGroupTogether()], **options)
 
 
 @pytest.mark.timeout(300)
