@@ -10,8 +10,8 @@ class LeaveTheGroupTogether(lightning.Callback):
     """Ranks leave their gloo group side by side, while their interpreters are whole.
 
     Left to Lightning's exit hook, each spawned rank tears the group down alone as its
-    interpreter shuts down, and now and then one aborts ("terminate called without an active
-    exception"): a flaky failure that is torch's, not the test's.
+    interpreter shuts down; now and then one aborted there ("terminate called without an active
+    exception", SIGABRT), after the test's work was done and checked.
     """
 
     def on_fit_end(self, trainer: "lightning.Trainer", module: "lightning.LightningModule") -> None:
