@@ -1,9 +1,9 @@
 """What Lightning's spawned ranks need from a test: leaving their process group together."""
 
-import gc
-
 import lightning
 import torch
+
+from shardwise.distributed.launch import _leave_group
 
 
 class LeaveTheGroupTogether(lightning.Callback):
@@ -17,5 +17,4 @@ class LeaveTheGroupTogether(lightning.Callback):
     def on_fit_end(self, trainer: "lightning.Trainer", module: "lightning.LightningModule") -> None:
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
-            gc.collect()  # whatever still holds the group lets go of it now
-            torch.distributed.destroy_process_group()
+            _leave_group()  # what shardwise's own ranks do: collect, then destroy the group
