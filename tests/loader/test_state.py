@@ -9,7 +9,14 @@ from itertools import islice
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampler, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    get_worker_info,
+)
 from torch.utils.data import DataLoader as TorchLoader
 
 from shardwise import DataLoader, DistributedSampler
@@ -384,23 +391,83 @@ def test_a_state_saved_after_an_epoch_resumes_with_the_next_epoch_whole(dataset,
 
 
 @pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
-def test_a_state_taken_on_an_epochs_last_batch_resumes_with_the_next_epoch_whole(workers,
-                                                                               persistent):
-    """A checkpoint on an epoch's last step (the pass's end not yet seen) loses no epoch: the
-    resume goes on as the loader would have, as Lightning and step-counting loops expect."""
+def test_a_state_taken_on_an_epochs_last_batch_resumes_its_empty_rest_or_the_next_epoch_by_its_epoch(
+        workers, persistent):
+    """A checkpoint on an epoch's last step (the pass's end not yet seen) loses no epoch and
+    repeats none: a loop that goes on with the saved epoch gets its empty rest, then the next
+    (as torchdata's loader resumes it); a trainer that sets the next epoch after iter(), as
+    Lightning does, gets the next epoch at once."""
     def make():
         return DataLoader(Indexed(), batch_size=5, shuffle=True, num_workers=workers,
                           persistent_workers=persistent,
                           generator=torch.Generator().manual_seed(5))
 
     loader = make()
+    loader.set_epoch(0)  # what a trainer does (the default sampler keeps it, as torch's order)
     iterator = iter(loader)
     assert len(values(islice(iterator, 10))) == 10  # all of them, the end not yet asked for
     state = loader.state_dict()
     second = batches(loader)
+    assert len(second) == 10
+    loop = make()
+    loop.load_state_dict(state)
+    assert loop.state_dict() == state
+    loop.set_epoch(0)
+    assert batches(loop) == [] and len(loop) == 10
+    assert batches(loop) == second
+    trainer = make()
+    trainer.load_state_dict(json.loads(json.dumps(state)))
+    resumed = iter(trainer)
+    trainer.set_epoch(1)  # Lightning's order: the pass, then set_epoch
+    assert batches(resumed) == second
+
+
+def test_a_state_on_an_epochs_last_batch_without_set_epoch_resumes_as_torchdatas_loader():
+    """The default samplers' epoch, never set, stays the saved one: the empty rest, then the
+    next epoch; the state after the empty rest is the next epoch's start. A sampler that has
+    no epoch at all (torch's own) resumes with the next epoch whole."""
+    def make(sampler=None):
+        return DataLoader(Indexed(), batch_size=4, shuffle=sampler is None, sampler=sampler,
+                          generator=torch.Generator().manual_seed(3))
+
+    loader = make()
+    values(islice(iter(loader), len(loader)))
+    state = loader.state_dict()
+    second = batches(loader)
     fresh = make()
     fresh.load_state_dict(state)
-    assert batches(fresh) == second and len(second) == 10
+    assert batches(fresh) == []
+    assert "end_unseen" not in fresh.state_dict()
+    again = make()
+    again.load_state_dict(fresh.state_dict())
+    assert batches(again) == second == batches(fresh)
+
+    def torchs():
+        return make(RandomSampler(Indexed(), generator=torch.Generator()
+                                                   .manual_seed(4)))
+    loader = torchs()
+    values(islice(iter(loader), len(loader)))
+    state = loader.state_dict()
+    second = batches(loader)
+    fresh = torchs()
+    fresh.load_state_dict(state)
+    assert batches(fresh) == second and len(second) == len(loader)
+
+
+def test_the_default_samplers_are_torchs_and_keep_the_epoch_they_are_told():
+    for shuffle, kind in ((True, RandomSampler),
+                          (False, SequentialSampler)):
+        ours = DataLoader(Indexed(), batch_size=4, shuffle=shuffle,
+                          generator=torch.Generator().manual_seed(1))
+        theirs = TorchLoader(Indexed(), batch_size=4, shuffle=shuffle,
+                             generator=torch.Generator().manual_seed(1))
+        assert isinstance(ours.sampler, kind) and ours.batch_sampler.sampler is ours.sampler
+        ours.set_epoch(3)
+        assert ours.sampler.epoch == 3
+        assert batches(ours) == batches(theirs) and batches(ours) == batches(theirs)
+    with pytest.raises(TypeError, match="epoch must be an int, got 1.5"):
+        ours.set_epoch(1.5)
+    assert not hasattr(DataLoader(Stream()).sampler, "set_epoch")  # a stream's is torch's
 
 
 def test_a_state_resumed_in_another_epoch_begins_it_whole():

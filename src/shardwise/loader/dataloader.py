@@ -17,11 +17,13 @@ from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 from shardwise.checks import require_choice, require_int
 from shardwise.distributed.consistency import check_consistent
+from shardwise.loader.default_samplers import RandomSampler, SequentialSampler
 from shardwise.loader.iterator import LoaderIterator
 from shardwise.loader.pools import Workers
 from shardwise.loader.position import (
     PassRecord,
     Resume,
+    epoch_owner,
     loader_state,
     pass_batches,
     read_state,
@@ -125,6 +127,12 @@ class DataLoader(TorchDataLoader[T_co]):
                                          drop_last=drop_last)
         if distributed:
             shuffle = None  # the sampler shuffles
+        if sampler is None and batch_sampler is None and not isinstance(dataset, IterableDataset):
+            # The samplers torch's loader would make, which also keep the epoch a trainer sets:
+            # a state saved on an epoch's last batch needs it (see default_samplers).
+            sampler = (RandomSampler(dataset, generator=generator) if shuffle
+                       else SequentialSampler(dataset))
+            shuffle = None
         worker_type = require_choice("worker_type", worker_type, WORKER_TYPES)
         try:  # torch's fails at iter() on a float, deep in its own code
             num_workers = operator.index(num_workers)
@@ -239,12 +247,11 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def set_epoch(self, epoch: int) -> None:
         """``set_epoch`` on the loader's sampler (or its batch sampler's), for one-line loops."""
-        for owner in (self.sampler, getattr(self.batch_sampler, "sampler", None),
-                      self.batch_sampler):
-            if callable(getattr(owner, "set_epoch", None)):
-                owner.set_epoch(epoch)
-                return
-        raise TypeError(f"this loader's sampler ({type(self.sampler).__name__}) has no set_epoch")
+        owner = epoch_owner(self)
+        if owner is None:
+            raise TypeError(f"this loader's sampler ({type(self.sampler).__name__}) has no "
+                            "set_epoch")
+        owner.set_epoch(epoch)
 
     # -- the position ----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import torch
@@ -90,12 +90,35 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._closed = False
         self._taken: Resume | None = None  # the loaded state this pass resumes
         self._init_failed = False  # a worker_init_fn failed (reported, not a death)
+        self._source: Iterator[tuple[Any, int]] | None = None
         loader._check_ranks()  # before any worker starts: ranks that disagree stop here
+        # A state saved at an epoch's unseen end: what it resumes is known at the first next()
+        resume = loader._resume
+        self._undecided = resume if resume is not None and resume.unseen_end_of else None
+        if self._undecided is None:
+            self._start()
+
+    def _start(self) -> None:
         try:
-            self._begin(first=workers is None)
+            self._begin(first=self._pool_owner is None)
         except BaseException as error:
             self._failed_start(late=isinstance(error, WorkersLate))
             raise
+
+    def _decide(self) -> None:
+        """Resume a state saved at an epoch's unseen end as the sampler's epoch now says: the
+        empty rest of the saved epoch (the pass ends here, and the next begins the epoch after
+        it), or the next epoch whole (a trainer set it after ``iter()``, as Lightning does)."""
+        resume, self._undecided = self._undecided, None
+        loader = self._loader
+        if loader._resume is resume:  # (not taken by a pass made since)
+            loader._resume = replace(resume, unseen_end_of=None)
+            if resume.rest_is_empty(loader):
+                loader._loaded = {key: value for key, value in (loader._loaded or {}).items()
+                                  if key != "end_unseen"}
+                self._closed = True
+                return
+        self._start()
 
     def _failed_start(self, late: bool) -> None:
         """A pass that could not start leaves the loader as it found it: the state it was to
@@ -164,7 +187,6 @@ class LoaderIterator(_BaseDataLoaderIter):
             self._dispatch()
         # Stages take the pass's batches through a weak reference: nothing here refers back to
         # the pass, so dropping it stops its workers at once, with no garbage collection.
-        self._source: Iterator[tuple[Any, int]] | None = None
         if loader._pinning:  # pinned off the main thread, a few batches ahead
             self._source = self._stage(Background(_Batches(self), loader.prefetch_factor or 2))
         if loader._device is not None:
@@ -288,6 +310,8 @@ class LoaderIterator(_BaseDataLoaderIter):
         return self
 
     def __next__(self) -> Any:
+        if self._undecided is not None and not self._closed:
+            self._decide()
         if self._closed:
             raise StopIteration
         while True:

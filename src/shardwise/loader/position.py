@@ -15,9 +15,14 @@ A Stateful dataset (or its stream's iterator) is put back by its own state inste
 each batch is delivered: one per worker process, each worker's after its last delivered batch.
 
 A state taken before a pass begins, or after one ends, is the start of the next pass (with the
-random states it will draw from): a resume then begins the next epoch whole. Per step, only a
-few counters move (and a Stateful dataset's states are kept); the state is built when asked
-for, of plain numbers, strings and lists.
+random states it will draw from): a resume then begins the next epoch whole. So is one taken
+once a pass delivered its last batch, before it saw its end (a checkpoint on an epoch's last
+step), which also keeps the epoch its sampler was told: a loader resumed from it waits for its
+first ``next()`` to begin, and gives the saved epoch's empty rest if the sampler's epoch is still
+the saved one (as torchdata's loader resumes it), or the next epoch whole if it moved on
+(Lightning sets the next epoch after ``iter()``). Per step, only a few counters move (and a
+Stateful dataset's states are kept); the state is built when asked for, of plain numbers,
+strings and lists.
 """
 
 from __future__ import annotations
@@ -168,12 +173,16 @@ def pass_batches(loader: Any, sampler: Any) -> int | None:
 def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     """The state of ``loader`` after what ``record`` says was delivered."""
     sampler = resumable_sampler(loader)
-    if record is None or not current(loader, record) or (record.route != "sampler" and (
-            record.finished or _delivered_all(loader, record, sampler))):
+    unseen_end = (record is not None and record.route != "sampler" and not record.finished
+                  and _delivered_all(loader, record, sampler))
+    keeper = epoch_keeper(loader) if unseen_end else None
+    if record is None or not current(loader, record) or unseen_end or (
+            record.route != "sampler" and record.finished):
         # No pass yet, the sampler moved on, or the pass ended (or delivered its last batch,
         # as a checkpoint on an epoch's last step sees it): the state is the next pass's start,
         # so a resume begins the next epoch whole, as this loader's next pass would (a
-        # sampler's own state, saved as its epoch ended, resumes with the next one too).
+        # sampler's own state, saved as its epoch ended, resumes with the next one too). A
+        # sampler told its epoch also lets a resume give that epoch's empty rest (Resume).
         ended, record = record, new_record(loader)
         if not worker_streams(loader):  # the dataset here stands where the next pass starts
             record.dataset_states = dataset_states(loader.dataset, None)
@@ -226,6 +235,8 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         state["ended"] = list(record.ended)
         if any(worker_states):
             state["begun"] = sorted(record.begun)
+    if keeper is not None:
+        state["end_unseen"] = {"epoch": keeper.epoch}
     return state
 
 
@@ -241,6 +252,22 @@ def _delivered_all(loader: Any, record: PassRecord, sampler: Any) -> bool:
         return record.resumed_batches + record.prefix >= len(loader)
     except TypeError:  # a sampler without a length
         return False
+
+
+def epoch_owner(loader: Any) -> Any | None:
+    """What a trainer tells the epoch: the sampler (or batch sampler) with ``set_epoch``."""
+    for owner in (loader.sampler, getattr(loader.batch_sampler, "sampler", None),
+                  loader.batch_sampler):
+        if callable(getattr(owner, "set_epoch", None)):
+            return owner
+    return None
+
+
+def epoch_keeper(loader: Any) -> Any | None:
+    """The ``epoch_owner`` if its ``epoch`` is plain (an int, or None before it is first set)."""
+    owner = epoch_owner(loader)
+    epoch = getattr(owner, "epoch", None)
+    return owner if epoch is None or type(epoch) is int else None
 
 
 def stateful(thing: Any) -> bool:
@@ -321,6 +348,9 @@ class Resume:
     streams: int | None  # the worker processes it needs: a stream's shares or a Stateful
     # dataset's states are each worker's own (None: any number)
     sampler_epoch: Any = None  # a resumable sampler's epoch as loaded
+    # Saved as its pass delivered its last batch, its end unseen: the epoch its sampler was told
+    # then, in a tuple (the epoch may be None); the first next() decides (rest_is_empty).
+    unseen_end_of: tuple[int | None] | None = None
 
     def applied(self, loader: Any) -> Resume:
         """This resume as it stands now: once the sampler stands in another epoch (``set_epoch``
@@ -335,6 +365,13 @@ class Resume:
                        base_seed=self.base_seed if persistent else None,
                        worker_states=(list(self.worker_states) if persistent
                                       else [None] * len(self.worker_states)))
+
+    def rest_is_empty(self, loader: Any) -> bool:
+        """Whether a resume saved at an epoch's unseen end gives that epoch's empty rest: the
+        sampler's epoch is still the saved one (or, as saved, never set). Else the next epoch
+        begins whole, as the pass after the saved one."""
+        keeper = epoch_keeper(loader)
+        return self.unseen_end_of == (getattr(keeper, "epoch", None),)
 
     @property
     def within(self) -> bool:
@@ -410,7 +447,9 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                       sampler_epoch=getattr(sampler, "epoch", None) if saved_epoch is None
                       else saved_epoch, **common)
     randomness = {name: _random_state(s) for name, s in state.get("randomness", {}).items()}
-    return Resume(skip=before, resumed_batches=before, randomness=randomness, **common)
+    unseen = state.get("end_unseen")
+    return Resume(skip=before, resumed_batches=before, randomness=randomness,
+                  unseen_end_of=None if unseen is None else (unseen["epoch"],), **common)
 
 
 def _random_state(saved: str | list[int]) -> torch.Tensor:
