@@ -87,6 +87,47 @@ def test_a_worker_exception_names_the_worker_the_indices_and_the_traceback(worke
     assert "sample 7 is corrupt" in message and "in __getitem__" in message  # the traceback
 
 
+class Exits(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 5:
+            sys.exit("sample 5 ends the program")
+        return torch.tensor(index)
+
+
+@pytest.mark.timeout(60)
+def test_a_thread_worker_that_raises_system_exit_raises_it_here_as_no_workers_would(clean):
+    loader = DataLoader(Exits(), batch_size=2, num_workers=2, worker_type="thread")
+    iterator = iter(loader)
+    assert next(iterator).tolist() == [0, 1] and next(iterator).tolist() == [2, 3]
+    with pytest.raises(SystemExit, match="sample 5 ends the program"):
+        next(iterator)
+    assert next(iterator).tolist() == [6, 7]  # the pass goes on, as after any failed batch
+    with pytest.raises(SystemExit, match="sample 5 ends the program"):
+        list(TorchLoader(Exits(), batch_size=2))
+
+
+class FailingStream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        yield from range(3)
+        raise ValueError("the stream broke")
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_a_stream_error_names_the_worker_and_no_indices_as_torch(worker_type, clean):
+    def message(loader) -> str:
+        with pytest.raises(ValueError) as raised:
+            list(loader)
+        return str(raised.value).splitlines()[0]
+
+    ours = message(DataLoader(FailingStream(), batch_size=2, num_workers=1,
+                              worker_type=worker_type))
+    assert ours == message(TorchLoader(FailingStream(), batch_size=2, num_workers=1))
+    assert ours == "Caught ValueError in DataLoader worker process 0."
+
+
 @pytest.mark.parametrize("workers,worker_type", [(0, "process"), (2, "process"), (2, "thread")])
 def test_a_failed_batch_fails_alone_and_the_pass_goes_on_as_in_torch(workers, worker_type, clean):
     def outcomes(loader) -> list:

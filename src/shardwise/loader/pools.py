@@ -409,7 +409,9 @@ class ThreadPool:
             try:
                 batch, states = self.fetch(task_id, index)
                 event = Event("batch", task_id, worker, batch, states=states)
-            except Exception as error:  # noqa: BLE001 - re-raised by the caller
+            # Any exception is re-raised by the caller, SystemExit too: a thread that ended
+            # with one would leave its batch, and the caller, waiting forever.
+            except BaseException as error:  # noqa: BLE001
                 if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
                     event = Event("end", task_id, worker)
                 elif isinstance(error, FailedFetch):

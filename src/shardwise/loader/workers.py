@@ -69,9 +69,11 @@ def seed_worker(spec: WorkerSpec, worker_id: int, base_seed: int) -> None:
 def task_failure(worker_id: int, index: Any, error: BaseException | None = None
                  ) -> ExceptionWrapper:
     """``error`` (else the exception being handled), with where it happened: worker and indices,
-    as the caller sees."""
-    shown = index if not isinstance(index, list) or len(index) <= 16 else [*index[:16], "..."]
-    where = f"in DataLoader worker process {worker_id} while loading indices {shown}"
+    as the caller sees (an IterableDataset's batches have no indices, only placeholders)."""
+    where = f"in DataLoader worker process {worker_id}"
+    if not (index is None or isinstance(index, list) and all(i is None for i in index)):
+        shown = index if not isinstance(index, list) or len(index) <= 16 else [*index[:16], "..."]
+        where += f" while loading indices {shown}"
     exc_info = None if error is None else (type(error), error, error.__traceback__)
     return ExceptionWrapper(exc_info, where=where)
 
