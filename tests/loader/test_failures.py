@@ -262,9 +262,9 @@ class SlowEach(Dataset):
 
 
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
-def test_a_new_pass_waits_only_for_the_work_in_hand_not_all_that_was_prefetched(worker_type,
-                                                                                 clean):
-    # Six batches of 0.2 s were asked for ahead; a new pass drops those not begun.
+def test_timeout_bounds_each_of_the_last_passs_batches_a_new_pass_waits_for(worker_type, clean):
+    # Six batches of 0.2 s were asked for ahead: a new pass waits for them all, as torch's
+    # persistent workers finish theirs, and the timeout bounds each one, not their sum.
     loader = DataLoader(SlowEach(), batch_size=1, num_workers=1, persistent_workers=True,
                         timeout=0.7, prefetch_factor=6, worker_type=worker_type)
     iterator = iter(loader)

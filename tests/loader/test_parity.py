@@ -4,6 +4,7 @@ Datasets here draw from torch's, NumPy's and Python's random generators and read
 ``get_worker_info()``, so equal batches also mean equal worker seeding and worker assignment.
 """
 
+import itertools
 import random
 import warnings
 
@@ -99,6 +100,23 @@ def test_persistent_workers_epochs_equal_torchs():
     options = {"batch_size": 4, "shuffle": True, "num_workers": 2, "persistent_workers": True}
     assert epochs(DataLoader, Augmented(), 3, **options) == epochs(
         TorchLoader, Augmented(), 3, **options)
+
+
+@pytest.mark.parametrize("dataset", [Augmented(), Stream()], ids=["map", "iterable"])
+def test_persistent_workers_cut_short_go_on_with_torchs_epochs(dataset):
+    """After a break, the last pass's prefetched tasks are done (and dropped) before the next
+    pass, as torch's workers do them: the random draws they leave are the same whatever the
+    timing, so later epochs are torch's too."""
+    def run(loader_class) -> list:
+        torch.manual_seed(5)
+        loader = loader_class(dataset, batch_size=3, num_workers=2, persistent_workers=True,
+                              prefetch_factor=3)
+        seen = []
+        for cut in (1, None, 2, None):
+            seen.append([plain(batch) for batch in itertools.islice(loader, cut)])
+        return seen
+
+    assert run(DataLoader) == run(TorchLoader)
 
 
 def test_getitems_custom_collate_and_worker_init_equal_torchs():

@@ -8,7 +8,6 @@ GIL (NumPy, decoding, I/O), with no copies at all.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -257,7 +256,8 @@ class ProcessPool:
 
     def new_epoch(self, shared_seed: int | None, timeout: float | None
                   ) -> list[dict[str, Any] | None]:
-        """Persistent workers: drop what is still in flight and start the dataset afresh.
+        """Persistent workers: finish the last pass's tasks (their batches are dropped) and
+        start the dataset afresh, as torch's persistent workers do.
 
         ``shared_seed`` reseeds a datapipe's random steps for the new pass. Returns each
         worker's Stateful dataset's states as it starts the pass (None: it keeps none).
@@ -376,12 +376,9 @@ class ThreadPool:
         Returns no worker states: the threads' dataset is this process's own.
         """
         self._epoch += 1
-        for tasks in self.tasks:
-            with contextlib.suppress(queue.Empty):  # the last pass's tasks not yet begun are
-                while True:                         # dropped, as worker processes drop theirs
-                    tasks.get_nowait()
+        for tasks in self.tasks:  # after the last pass's tasks, as worker processes take it
             tasks.put(("epoch", self._epoch))
-        _new_pass_begun(self, self._epoch, timeout)  # each thread finished the task it was on
+        _new_pass_begun(self, self._epoch, timeout)  # each thread finished the last pass's tasks
         self._start_epoch()
         return []
 

@@ -141,7 +141,7 @@ class _ProcessWorker:
         self.incoming.register(conn.fileno(), select.POLLIN)
         self.slots: list[SharedSlot | None] = [None] * spec.slots
         self.sent = 0  # batches sent: slots are filled round-robin
-        self.pending: deque[tuple[int, Any]] = deque()
+        self.pending: deque[tuple[int | str, Any]] = deque()  # tasks, and a new pass after them
         self.init_failure: ExceptionWrapper | None = None
         self.keeps_states = False  # until a fetcher is made (a failed start makes none)
         try:
@@ -186,7 +186,11 @@ class _ProcessWorker:
                 if not self._handle(receive(self.conn)):
                     return
             elif busy and not self._next_slot_full():
-                self._fetch(*self.pending.popleft())
+                task_id, index = self.pending.popleft()
+                if task_id == "epoch":
+                    self._begin_pass(*index)
+                else:
+                    self._fetch(task_id, index)
             elif not busy and os.getppid() != self.parent:  # orphaned: the main process died
                 return
 
@@ -199,16 +203,20 @@ class _ProcessWorker:
         kind = message[0]
         if kind == "task":
             self.pending.append((message[1], message[2]))
-        elif kind == "epoch":  # persistent workers: a new pass over the dataset
-            self.pending.clear()
-            # Where its dataset stands as the pass ends, with the batches it fetched that were
-            # never delivered: the new pass goes on from there, and so must a resume of it.
-            states = self._sendable_states()
-            apply_shared_seed(self.spec.dataset, message[2])
-            if self.init_failure is None:
-                self._new_fetcher()
-            send(self.conn, ("epoch", message[1], states))
+        elif kind == "epoch":  # persistent workers: a new pass, once the last one's tasks are
+            # done (the main process drops their batches), as torch's workers go on: what their
+            # random draws leave for the next pass is the same however far the workers had got.
+            self.pending.append(("epoch", message[1:]))
         return kind != "stop"
+
+    def _begin_pass(self, epoch: int, shared_seed: int | None) -> None:
+        # Where its dataset stands as the pass ends, with the batches it fetched that were never
+        # delivered: the new pass goes on from there, and so must a resume of it.
+        states = self._sendable_states()
+        apply_shared_seed(self.spec.dataset, shared_seed)
+        if self.init_failure is None:
+            self._new_fetcher()
+        send(self.conn, ("epoch", epoch, states))
 
     def _fetch(self, task_id: int, index: Any) -> None:
         if self.init_failure is not None:
