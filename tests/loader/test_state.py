@@ -14,6 +14,7 @@ from torch.utils.data import (
     Dataset,
     IterableDataset,
     RandomSampler,
+    Sampler,
     SequentialSampler,
     get_worker_info,
 )
@@ -342,18 +343,83 @@ def test_code_written_for_torchdatas_loader_runs_and_resumes_exactly_at_any_step
         DataLoader(Indexed(), snapshot_every_n_steps=-1)
 
 
-def test_python_and_numpy_randomness_are_not_touched_by_a_resume():
+def test_a_resume_puts_every_global_generator_where_it_stood_when_saved():
     loader = DataLoader(Indexed(), batch_size=4, shuffle=True)
     iterator = iter(loader)
     next(iterator)
-    state = loader.state_dict()
+    state = json.loads(json.dumps(loader.state_dict()))
+    following = torch.rand(2).tolist(), np.random.rand(), random.random()  # the saved job's next
+    torch.manual_seed(1)  # a new job, seeded as it starts
     random.seed(1)
     np.random.seed(1)
     fresh = DataLoader(Indexed(), batch_size=4, shuffle=True)
     fresh.load_state_dict(state)
-    list(fresh)
-    assert random.random() == random.Random(1).random()
-    assert np.random.rand() == np.random.RandomState(1).rand()
+    iter(fresh)
+    assert (torch.rand(2).tolist(), np.random.rand(), random.random()) == following
+
+
+class ShuffledBy(Sampler):
+    """A sampler of one's own that shuffles with NumPy's or Python's global generator."""
+
+    def __init__(self, library: str) -> None:
+        self.library = library
+
+    def __len__(self) -> int:
+        return 20
+
+    def __iter__(self):
+        if self.library == "numpy":
+            return iter(np.random.permutation(20).tolist())
+        return iter(random.sample(range(20), 20))
+
+
+@pytest.mark.parametrize("library", ["numpy", "python"])
+def test_a_sampler_shuffling_with_numpys_or_pythons_generator_resumes_exactly(library):
+    def make():
+        return DataLoader(torch.arange(20), batch_size=4, sampler=ShuffledBy(library))
+
+    np.random.seed(0)
+    random.seed(0)
+    loader = make()
+    values(loader)  # epoch 0
+    iterator = iter(loader)  # epoch 1, stopped after 2 batches
+    head = values(islice(iterator, 2))
+    state = json.loads(json.dumps(loader.state_dict()))
+    whole = head + values(iterator)
+    np.random.seed(0)  # the new job, seeded as the first one started
+    random.seed(0)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + values(resumed) == whole
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epochs_after_a_resume_draw_as_the_saved_job_though_training_drew_from_the_global_rng(
+        workers):
+    def make():
+        return DataLoader(torch.arange(32), batch_size=4, shuffle=True, num_workers=workers)
+
+    def train(batches) -> list:  # each step draws from the global generator, as dropout does
+        seen = []
+        for batch in batches:
+            torch.nn.functional.dropout(torch.ones(8), 0.5)
+            seen.append(batch.tolist())
+        return seen
+
+    torch.manual_seed(0)
+    loader = make()
+    uninterrupted = [train(loader) for _ in range(3)]
+    torch.manual_seed(0)
+    loader = make()
+    train(loader)
+    iterator = iter(loader)
+    head = train(islice(iterator, 3))
+    state = json.loads(json.dumps(loader.state_dict()))
+    del iterator
+    torch.manual_seed(0)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [head + train(resumed), train(resumed)] == uninterrupted[1:]
 
 
 class Noisy(Dataset):
@@ -1039,8 +1105,11 @@ def test_a_state_saved_with_random_states_as_lists_still_resumes():
     next(iterator)
     state = loader.state_dict()
     rest = [b.tolist() for b in iterator]
-    state["randomness"] = {name: list(bytes.fromhex(hex_state))  # as states were saved before
-                           for name, hex_state in state["randomness"].items()}
+    # As states were saved before: torch's generators only, as lists of byte values
+    state["randomness"] = {name: list(bytes.fromhex(hex_state))
+                           for name, hex_state in state["randomness"].items()
+                           if name not in ("numpy", "python")}
+    del state["randomness_now"]
     resumed = DataLoader(range(20), batch_size=3, shuffle=True)
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == rest

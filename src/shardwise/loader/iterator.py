@@ -40,9 +40,9 @@ from shardwise.loader.position import (
     dataset_states,
     new_record,
     next_pass_states,
-    restore_randomness,
     resumable_sampler,
 )
+from shardwise.loader.randomness import restore_randomness
 from shardwise.loader.stats import Clock
 from shardwise.loader.workers import WorkerSpec
 
@@ -270,6 +270,11 @@ class LoaderIterator(_BaseDataLoaderIter):
         if replay:  # what a sampler draws lazily is drawn now, from the restored state
             self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
                                             self._indices)
+        # The process-wide generators as they stood when the state was saved, put back once the
+        # pass's own draws are replayed (a stream's dropped batches loaded again too).
+        self._randomness_now = resume.randomness_now if replay else None
+        if not self._drop:
+            self._caught_up()
         if self.record.ahead:
             self._indices = _placed(self._indices, set(self.record.ahead))
         else:
@@ -366,8 +371,17 @@ class LoaderIterator(_BaseDataLoaderIter):
         """Whether this batch is one a resumed stream already delivered (and so is dropped)."""
         if self._drop:
             self._drop -= 1
+            if not self._drop:
+                self._caught_up()
             return True
         return False
+
+    def _caught_up(self) -> None:
+        """The resumed pass has replayed what the saved one had drawn: the process-wide
+        generators go back to where they stood as it was saved."""
+        if self._randomness_now is not None:
+            restore_randomness(None, self._randomness_now)
+            self._randomness_now = None
 
     def _advance(self, count: int, worker: int | None, place: int) -> None:
         """Count a batch (of ``count`` indices, from ``worker``, at ``place`` in the pass) as

@@ -32,9 +32,10 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 from torch.utils.data import BatchSampler
 from torch.utils.data.dataloader import _DatasetKind
+
+from shardwise.loader.randomness import decoded, encoded, global_states, random_states
 
 STATE_VERSION = 1
 
@@ -51,45 +52,12 @@ def resumable_sampler(loader: Any) -> Any | None:
     return None
 
 
-def generators_of(loader: Any) -> dict[str, torch.Generator]:
-    """The torch generators a pass draws from besides the global one, by where they live."""
-    found: dict[str, torch.Generator] = {}
-    if loader.generator is not None:
-        found["loader"] = loader.generator
-    owners = {"sampler": loader.sampler, "batch_sampler": loader.batch_sampler,
-              "batch_sampler.sampler": getattr(loader.batch_sampler, "sampler", None)}
-    for name, owner in owners.items():
-        generator = getattr(owner, "generator", None)
-        if isinstance(generator, torch.Generator) and all(generator is not g for g in found.values()):
-            found[name] = generator
-    return found
-
-
-def random_states(loader: Any) -> dict[str, torch.Tensor]:
-    """The global torch RNG state and every generator's, as a pass starts."""
-    return {"global": torch.get_rng_state(),
-            **{name: g.get_state() for name, g in generators_of(loader).items()}}
-
-
-def restore_randomness(loader: Any, states: dict[str, torch.Tensor]) -> None:
-    """Put the global RNG and the loader's generators back where a saved pass began them.
-
-    The resumed pass then draws as the interrupted one drew, and later passes go on from there
-    as they would have: giving the caller's global RNG back instead would make the next epoch
-    draw what the first epoch of a job seeded the same way drew, and repeat its order.
-    """
-    torch.set_rng_state(states["global"])
-    for name, generator in generators_of(loader).items():
-        if name in states:
-            generator.set_state(states[name])
-
-
 @dataclass
 class PassRecord:
     """One pass of a loader: how it began and what it has delivered."""
 
     route: str  # "sampler", "replay" or "iterable": how a resume finds the place
-    randomness: dict[str, torch.Tensor] = field(default_factory=dict)
+    randomness: dict[str, Any] = field(default_factory=dict)  # the generators' as it began
     sampler_epoch: Any = None  # the resumable sampler's epoch, once the pass delivered a batch
     base_seed: int | None = None  # the workers' base seed, once the pass has begun (or theirs
     # already, for persistent workers' next pass)
@@ -214,9 +182,12 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
             consumed=getattr(sampler, "pass_length", len(sampler)) if whole
             else record.prefix_samples)
     else:
-        # As hex: a generator's state is 5 KB, which as a list of numbers took 25 µs a state.
-        state["randomness"] = {name: s.numpy().tobytes().hex()
-                               for name, s in record.randomness.items()}
+        state["randomness"] = encoded(record.randomness)
+        if batches and not record.finished:
+            # Where the process-wide generators stand now: a resume replays the pass's own draws,
+            # then puts these back, which also hold what the caller drew since (dropout, say),
+            # so the rest of the epoch and the ones after it draw as this job would have.
+            state["randomness_now"] = encoded(global_states())
     if record.ahead:
         state["ahead"] = [[place - record.prefix, count]
                           for place, count in sorted(record.ahead.items())]
@@ -334,7 +305,7 @@ class Resume:
 
     skip: int  # batches to pass over without delivering them again
     resumed_batches: int  # where the count of delivered batches starts
-    randomness: dict[str, torch.Tensor]  # the interrupted pass's starting random states
+    randomness: dict[str, Any]  # the interrupted pass's starting random states
     base_seed: int | None  # None: saved before the pass began, which begins as any pass does
     # (a state from within a pass, or for persistent workers' next one, has the workers' seed)
     drew_base_seed: bool
@@ -351,6 +322,7 @@ class Resume:
     # Saved as its pass delivered its last batch, its end unseen: the epoch its sampler was told
     # then, in a tuple (the epoch may be None); the first next() decides (rest_is_empty).
     unseen_end_of: tuple[int | None] | None = None
+    randomness_now: dict[str, Any] | None = None  # the process-wide generators' as it was saved
 
     def applied(self, loader: Any) -> Resume:
         """This resume as it stands now: once the sampler stands in another epoch (``set_epoch``
@@ -446,17 +418,11 @@ def read_state(loader: Any, state: Any) -> Resume | None:
         return Resume(skip=0, resumed_batches=before, randomness={},
                       sampler_epoch=getattr(sampler, "epoch", None) if saved_epoch is None
                       else saved_epoch, **common)
-    randomness = {name: _random_state(s) for name, s in state.get("randomness", {}).items()}
     unseen = state.get("end_unseen")
-    return Resume(skip=before, resumed_batches=before, randomness=randomness,
-                  unseen_end_of=None if unseen is None else (unseen["epoch"],), **common)
-
-
-def _random_state(saved: str | list[int]) -> torch.Tensor:
-    """A generator's state as saved: hex, or a list of byte values (states saved before)."""
-    if isinstance(saved, str):
-        return torch.frombuffer(bytearray.fromhex(saved), dtype=torch.uint8)
-    return torch.as_tensor(saved, dtype=torch.uint8)
+    now = state.get("randomness_now")
+    return Resume(skip=before, resumed_batches=before, randomness=decoded(state.get("randomness", {})),
+                  unseen_end_of=None if unseen is None else (unseen["epoch"],),
+                  randomness_now=None if now is None else decoded(now), **common)
 
 
 def _rank_of(sampler: Any) -> list[Any]:
