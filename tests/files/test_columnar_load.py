@@ -234,3 +234,17 @@ def test_a_file_that_is_not_parquet_is_named(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"t.parquet is not a readable Parquet file \(Parquet "
                                          r"magic bytes not found"):
         load_graph(tmp_path / "t.parquet", "fmap", columns=("src", "dst"))
+
+
+def test_row_groups_that_compress_unevenly_are_read_into_what_their_rows_need(tmp_path):
+    """A first row group that compresses to almost nothing must not make the record array be
+    sized from its share of the bytes (2 M rows read as 2 billion: a 47 GiB allocation)."""
+    path, n = tmp_path / "edges.parquet", 1_000_000
+    rng = np.random.default_rng(0)
+    with pq.ParquetWriter(path, pa.schema([("src", pa.int64()), ("dst", pa.int64())])) as out:
+        out.write_table(pa.table({"src": np.zeros(n, np.int64), "dst": np.zeros(n, np.int64)}))
+        out.write_table(pa.table({"src": rng.integers(0, 2**62, n),
+                                  "dst": rng.integers(0, 2**62, n)}))
+    records, stats = read_records(path, Format("fmap"), 0, 1, columns=("src", "dst"))
+    assert len(records) == stats.lines == 2 * n
+    assert records["dst"][n:].tolist() == pq.read_table(path).column("dst")[n:].to_pylist()

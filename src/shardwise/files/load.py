@@ -110,9 +110,13 @@ def _read_prepared(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, 
                    ) -> tuple[np.ndarray, LoadStats]:
     """``read_records`` once the plan is made and ``fmt`` and ``columns`` are checked."""
     started = time.perf_counter()
-    if isinstance(the_plan, TablePlan):
+    tables = isinstance(the_plan, TablePlan)
+    if tables:
         parts = read_table_records(the_plan, rank, fmt, columns)
         planned = sum(stretch_bytes(*stretch) for stretch in the_plan.share(rank))
+        # How much of the share is read goes by rows: row groups compress unevenly, and a
+        # small first one would make its bytes promise many times the records there are.
+        planned_rows = sum(end - first for _, first, end in the_plan.share(rank))
     else:
         chunks = iter_chunks(the_plan, rank, the_plan.world_size, block_bytes=block_bytes)
         parts = ordered_map(lambda chunk: (parse_chunk(chunk, fmt), len(chunk.data)), chunks,
@@ -122,18 +126,19 @@ def _read_prepared(the_plan: Plan | TablePlan, fmt: Format, columns: tuple[str, 
     bytes_read, lines, skipped, examples, row_groups = 0, 0, 0, [], 0
     for parsed, size in parts:
         bytes_read += size
-        builder.append(parsed.columns, done=min(bytes_read / planned, 1.0) if planned else 1.0)
         lines += parsed.lines
+        read, whole = (lines, planned_rows) if tables else (bytes_read, planned)
+        builder.append(parsed.columns, done=min(read / whole, 1.0) if whole else 1.0)
         skipped += parsed.skipped
         examples.extend(parsed.examples[: MAX_EXAMPLES - len(examples)])
-        row_groups += isinstance(the_plan, TablePlan)
+        row_groups += tables
         if progress is not None:
             progress(min(bytes_read, planned), planned)
     records = builder.finish()
     if skipped:
         warnings.warn(
             f"rank {rank} skipped {skipped} malformed "
-            f"{'row' if isinstance(the_plan, TablePlan) else 'line'}(s); the first: "
+            f"{'row' if tables else 'line'}(s); the first: "
             + "; ".join(str(bad) for bad in examples[:3]),
             stacklevel=3,
         )
