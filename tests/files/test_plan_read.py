@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.files import iter_chunks, plan, read_bytes, read_lines
+from shardwise.files.read import Chunk
 
 # A file is a list of lines, each ending "\n" or "\r\n", maybe without a final terminator.
 _line = st.text(alphabet=st.characters(blacklist_characters="\r\n", codec="utf-8"), max_size=12)
@@ -255,3 +256,15 @@ def test_a_wildcard_at_an_object_stores_root_matches_its_top_folders() -> None:
     finally:
         memory.rm("/wild-a", recursive=True)
         memory.rm("/wild-b", recursive=True)
+
+
+def test_line_numbers_are_right_in_any_order_of_asking(tmp_path: Path) -> None:
+    """Each count starts from the nearest place counted before: any order gives the same."""
+    path = tmp_path / "lines.txt"
+    lines = [f"{i}," * (i % 7) + "\n" for i in range(3000)]
+    path.write_text("".join(lines))
+    starts = list(itertools.accumulate(len(line) for line in lines))[:-1]
+    (source,) = plan(path, 1).sources
+    for line in [2999, 10, 1500, 1499, 0, 2998, 700, 1501, 1500]:
+        start = 0 if line == 0 else starts[line - 1]
+        assert Chunk(source, start, lines[line].encode()).line_number() == line + 1

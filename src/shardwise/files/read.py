@@ -15,6 +15,10 @@ range request per read, a chunk ahead of the parser (``remote.py``).
 
 from __future__ import annotations
 
+import bisect
+import math
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,14 +63,26 @@ class Chunk:
     def line_number(self, offset: int = 0) -> int:
         """1-based line number, in its file, of the line holding ``data[offset]``.
 
-        Counts the newlines before ``start`` by reading the file's prefix: meant for error
-        messages, not for every line.
+        Counts the newlines before ``start`` by reading the file from the nearest place counted
+        before (its start, the first time): meant for error messages, not for every line, though
+        a file with a bad line every few kilobytes is read about once, not once per bad line.
         """
-        before = 0
-        with _ranges(self.source) as read:
-            for start in range(0, self.start, DEFAULT_BLOCK_BYTES):
-                before += read(start, min(start + DEFAULT_BLOCK_BYTES, self.start)).count(b"\n")
+        with _COUNTED_LOCK:
+            marks = _COUNTED.setdefault(self.source, [(0, 0)])
+            at, before = marks[bisect.bisect_right(marks, (self.start, math.inf)) - 1]
+            if at < self.start:
+                with _ranges(self.source) as read:
+                    for start in range(at, self.start, DEFAULT_BLOCK_BYTES):
+                        stop = min(start + DEFAULT_BLOCK_BYTES, self.start)
+                        before += read(start, stop).count(b"\n")
+                bisect.insort(marks, (self.start, before))
         return before + self.data.count(b"\n", 0, offset) + 1
+
+
+# Newlines counted before places in a file, (offset, count) in order, for as long as the file's
+# Source lives (a plan holds it); the lock keeps threads parsing chunks from counting at once.
+_COUNTED: weakref.WeakKeyDictionary[Source, list[tuple[int, int]]] = weakref.WeakKeyDictionary()
+_COUNTED_LOCK = threading.Lock()
 
 
 def iter_chunks(
