@@ -103,6 +103,44 @@ def test_bad_inputs_are_named(tmp_path):
         read_table([tmp_path / "x.parquet", tmp_path / "y.parquet"], 0, 1)
 
 
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_column_a_file_lacks_is_named_with_those_it_has(tmp_path, kind):
+    path = tmp_path / f"e.{kind}"
+    table = pa.table({"src": [1, 2], "dst": [3, 4]})
+    pq.write_table(table, path) if kind == "parquet" else feather.write_feather(table, path)
+    for columns in (["sorce"], ["src", "dest"]):
+        with pytest.raises(ValueError, match=rf"e.{kind} has no column '{columns[-1][:4]}.*: "
+                                             "its columns are src, dst; name them in columns="):
+            read_table(path, 0, 1, columns=columns)
+    with pytest.raises(ValueError, match="has no column 'sorce'"):
+        read_table(path, 1, 2, columns=["sorce"])  # a rank with no rows of its own too
+
+
+def test_damaged_arrow_ipc_footers_are_errors_naming_the_file_not_empty_tables(tmp_path):
+    path = tmp_path / "e.arrow"
+    feather.write_feather(pa.table({"src": range(20)}), path, chunksize=6,
+                          compression="uncompressed")
+    whole = path.read_bytes()
+    length = int.from_bytes(whole[-10:-6], "little")
+    for damaged in (whole[:-10] + bytes([0]) + whole[-9:],  # the footer's length, low byte 0
+                    whole[:-60] + whole[-10:],  # the middle of the footer cut out
+                    whole[: -10 - length] + bytes(length) + whole[-10:]):  # a zeroed footer
+        path.write_bytes(damaged)
+        with pytest.raises(ValueError, match=r"e.arrow (is a damaged Arrow IPC file|is not a "
+                                             "readable Arrow IPC file|does not end as)"):
+            read_table(path, 0, 1)
+
+
+def test_a_damaged_parquet_footer_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "e.parquet"
+    pq.write_table(pa.table({"src": range(20), "dst": range(20)}), path, row_group_size=6)
+    damaged = bytearray(path.read_bytes())
+    damaged[-291] = 0  # a byte of the footer's metadata: pyarrow raises an OSError about thrift
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match=r"e.parquet is not a readable Parquet file \("):
+        table_plan(path, 1)
+
+
 def _read_on_every_rank(folder: str) -> list[int]:
     return read_table(folder)["id"].to_pylist()  # world and rank from the process group
 

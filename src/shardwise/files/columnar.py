@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -31,6 +32,7 @@ from rich.table import Table
 
 from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
+from shardwise.files.credentials import hide
 from shardwise.files.ids import string_ids
 from shardwise.files.ipc_footer import record_batches
 from shardwise.files.pages import plain_pages
@@ -231,25 +233,51 @@ def _units(source: Source) -> list[Unit]:
     # Small reads ask for little: an IPC file's batch metadata lies between the batches' bodies.
     with source.open(buffer_bytes=_METADATA_READ_BYTES) as handle:
         if kind == "parquet":
-            try:
+            with _named(source):
                 meta = pq.ParquetFile(handle).metadata
-            except pa.ArrowInvalid as error:  # pyarrow's words name no file
-                raise ValueError(f"{source.name} is not a readable Parquet file ({error}); "
-                                 "check that it is one, whole, or rename it") from None
             return [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
                     for i in range(meta.num_row_groups)]
         batches = record_batches(handle, source.size, source.name)  # no batch body is read
+        if not batches:  # rare, and what a damaged footer can look like: pyarrow verifies it
+            with _named(source):
+                ipc.open_file(handle)
         return [Unit(source, i, rows, stored) for i, (rows, stored) in enumerate(batches)]
 
 
 def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Schema:
     """The columns of one Parquet or Arrow IPC file (only ``columns`` when given), from its footer."""
-    with source.open() as handle:
+    with source.open() as handle, _named(source):
         if columnar_format(source.name) == "parquet":
             schema = pq.ParquetFile(handle).schema_arrow
         else:
             schema = ipc.open_file(handle).schema
-    return schema if columns is None else pa.schema([schema.field(c) for c in columns])
+    if columns is None:
+        return schema
+    _check_has(source, schema.names, columns)
+    return pa.schema([schema.field(c) for c in columns])
+
+
+def _check_has(source: Source, names: Sequence[str], columns: Sequence[str]) -> None:
+    """Raise, naming the ``columns`` that ``source`` lacks and those it has, if it lacks any."""
+    missing = [repr(c) for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"{source.name} has no column{'s' * (len(missing) > 1)} "
+                         f"{', '.join(missing)}: its columns are "
+                         f"{', '.join(names)}; name them in columns=")
+
+
+@contextmanager
+def _named(source: Source) -> Iterator[None]:
+    """pyarrow's errors about a file's contents, as errors that name the file."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as error:  # (a damaged footer is an OSError)
+        if source.name in str(error):  # named already: a request to an object store that failed
+            raise
+        kind = "Parquet" if columnar_format(source.name) == "parquet" else "Arrow IPC"
+        raise ValueError(f"{source.name} is not a readable {kind} file "
+                         f"({hide(str(error), source.secrets)}); check that it is one, whole, "
+                         "or rename it") from None
 
 
 def _compressed(row_group: Any) -> int:
@@ -275,14 +303,19 @@ def read_stretches(stretches: Iterable[tuple[Unit, int, int]],
                 if handle is not None:
                     handle.close()
                 source, handle = unit.source, unit.source.open()
-                reader = (pq.ParquetFile(handle) if columnar_format(source.name) == "parquet"
-                          else ipc.open_file(handle))
-            if isinstance(reader, pq.ParquetFile):
-                table = reader.read_row_group(unit.index, columns=columns)
-            else:
-                table = pa.Table.from_batches([reader.get_batch(unit.index)])
-                if columns is not None:
-                    table = table.select(list(columns))
+                with _named(source):
+                    reader = (pq.ParquetFile(handle) if columnar_format(source.name) == "parquet"
+                              else ipc.open_file(handle))
+                if columns is not None:  # (Parquet would leave out a column it lacks)
+                    _check_has(source, reader.schema_arrow.names if isinstance(
+                        reader, pq.ParquetFile) else reader.schema.names, columns)
+            with _named(source):
+                if isinstance(reader, pq.ParquetFile):
+                    table = reader.read_row_group(unit.index, columns=columns)
+                else:
+                    table = pa.Table.from_batches([reader.get_batch(unit.index)])
+                    if columns is not None:
+                        table = table.select(list(columns))
             yield table if (first, end) == (0, unit.rows) else table.slice(first, end - first)
     finally:
         if handle is not None:

@@ -16,7 +16,8 @@ from typing import BinaryIO
 _MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"  # in front of each message's length since Arrow 0.15
 _RECORD_BATCH = 3  # MessageHeader union: the type of a record batch's header
-_FOOTER_BATCHES = 3  # Footer: version, schema, dictionaries, recordBatches
+_FOOTER_SCHEMA, _FOOTER_BATCHES = 1, 3  # Footer: version, schema, dictionaries, recordBatches
+_SCHEMA_FIELDS = 1  # Schema: endianness, fields, ...
 _MESSAGE_HEADER_TYPE, _MESSAGE_HEADER = 1, 2  # Message: version, header_type, header, ...
 _BATCH_LENGTH = 0  # RecordBatch: length (rows), nodes, buffers, ...
 _BLOCK = struct.Struct("<qi4xq")  # Block: offset, metaDataLength, (padding), bodyLength
@@ -41,17 +42,46 @@ def record_batches(handle: BinaryIO, size: int, name: str) -> list[tuple[int, in
     if tail[4:] != _MAGIC or not 0 < footer_size <= size - len(_MAGIC) - 4:
         raise ValueError(f"{name} does not end as an Arrow IPC file does (written with "
                          "pyarrow.ipc.new_file or feather?): an IPC stream has no footer")
-    handle.seek(size - len(_MAGIC) - 4 - footer_size)
+    footer_start = size - len(_MAGIC) - 4 - footer_size
+    handle.seek(footer_start)
     footer = handle.read(footer_size)
-    vector = _field(footer, _root(footer), _FOOTER_BATCHES)
+    try:
+        return _batches(handle, footer, footer_start, name)
+    except (struct.error, IndexError, OverflowError, _Damaged) as error:
+        # Offsets read from damaged bytes point anywhere: say so, rather than read 0 batches
+        raise ValueError(f"{name} is a damaged Arrow IPC file: its footer cannot be read "
+                         f"({error}); write it again whole") from None
+
+
+class _Damaged(Exception):
+    """A footer whose fields contradict each other or the file."""
+
+
+def _batches(handle: BinaryIO, footer: bytes, footer_start: int, name: str
+             ) -> list[tuple[int, int]]:
+    root = _root(footer)
+    schema = _field(footer, root, _FOOTER_SCHEMA)
+    # Every file has a schema listing its fields (pyarrow refuses one without), batches or none
+    if schema is None or _field(footer, schema + _u32(footer, schema), _SCHEMA_FIELDS) is None:
+        raise _Damaged("no schema with its fields")
+    vector = _field(footer, root, _FOOTER_BATCHES)
     if vector is None:
         return []
     vector += _u32(footer, vector)
+    count = _u32(footer, vector)
+    if vector + 4 + _BLOCK.size * count > len(footer):
+        raise _Damaged(f"{count} record batches do not fit in it")
     batches = []
-    for i in range(_u32(footer, vector)):
+    for i in range(count):
         offset, metadata_size, body_size = _BLOCK.unpack_from(footer, vector + 4 + _BLOCK.size * i)
+        if offset < len(_MAGIC) or metadata_size <= 0 or body_size < 0 or \
+                offset + metadata_size + body_size > footer_start:
+            raise _Damaged(f"record batch {i} does not lie within the file")
         handle.seek(offset)
-        batches.append((_message_rows(handle.read(metadata_size), name), body_size))
+        rows = _message_rows(handle.read(metadata_size), name)
+        if rows < 0:
+            raise _Damaged(f"record batch {i} has {rows} rows")
+        batches.append((rows, body_size))
     return batches
 
 

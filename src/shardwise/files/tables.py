@@ -36,7 +36,6 @@ from shardwise.files.columnar import (
 )
 from shardwise.files.ids import hash_together
 from shardwise.files.patterns import MAX_EXAMPLES, BadLine, Format, Parsed, ParseError
-from shardwise.files.sources import Source
 
 EDGE_PATTERNS = ("fmap", "smap", "fsmap")  # which rank owns an edge; fset is a text format
 
@@ -78,9 +77,7 @@ def vector_features(the_plan: TablePlan, columns: tuple[str, ...], features: int
     first = next((u for u in the_plan.units if u.rows), None)
     if first is None:
         return features or 1  # no rows anywhere: any width makes the same empty result
-    schema = file_schema(first.source)
-    if any(c not in schema.names for c in columns):
-        _say_missing(first.source, columns)
+    schema = file_schema(first.source, columns)
     if len(columns) > 2 or not _is_list(schema.field(columns[-1]).type):
         if features not in (None, len(columns) - 1):
             raise ValueError(f"features={features}, but columns names {len(columns) - 1} value "
@@ -105,25 +102,10 @@ def read_table_records(
     first_rows = _first_rows(the_plan)
     share = the_plan.share(rank)
     with closing(read_stretches(share, columns)) as tables:  # its file closed on any exit
-        for unit, first, end in share:
-            try:
-                table = next(tables)
-            except KeyError:  # Arrow IPC refuses a column it lacks; Parquet leaves it out
-                table = None
-            if table is None or table.num_columns < len(columns):
-                _say_missing(unit.source, columns)
+        for (unit, first, end), table in zip(share, tables):
             parsed = table_records(table, fmt, columns, unit.source.name,
                                    first_rows[unit] + first)
             yield parsed, stretch_bytes(unit, first, end)
-
-
-def _say_missing(source: Source, columns: tuple[str, ...]) -> None:
-    """Raise, naming the ``columns`` that ``source`` lacks and those it has."""
-    names = file_schema(source).names
-    missing = [repr(c) for c in columns if c not in names]
-    raise ValueError(f"{source.name} has no column{'s' * (len(missing) > 1)} "
-                     f"{', '.join(missing)}: its columns are "
-                     f"{', '.join(names)}; name them in columns=")
 
 
 def stretch_bytes(unit: Unit, first: int, end: int) -> int:
