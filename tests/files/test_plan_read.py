@@ -268,3 +268,19 @@ def test_line_numbers_are_right_in_any_order_of_asking(tmp_path: Path) -> None:
     for line in [2999, 10, 1500, 1499, 0, 2998, 700, 1501, 1500]:
         start = 0 if line == 0 else starts[line - 1]
         assert Chunk(source, start, lines[line].encode()).line_number() == line + 1
+
+
+def test_a_path_naming_a_file_is_that_file_even_with_glob_characters(tmp_path: Path) -> None:
+    for name, text in (("a[12].txt", "1,2\n"), ("a1.txt", "7,8\n"), ("q?.txt", "9,9\n"),
+                       ("qz.txt", "0,0\n")):
+        (tmp_path / name).write_text(text)
+    assert read_lines(tmp_path / "a[12].txt", 0, 1) == ["1,2"]
+    assert read_lines(tmp_path / "q?.txt", 0, 1) == ["9,9"]
+    assert sorted(read_lines(tmp_path / "q*.txt", 0, 1)) == ["0,0", "9,9"]  # a glob still
+
+
+def test_an_empty_path_is_refused_rather_than_the_working_directory_read(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"an input path is empty \(''"):
+        plan("", 1)
+    with pytest.raises(ValueError, match="an input path is empty"):
+        plan([tmp_path, ""], 1)

@@ -97,7 +97,8 @@ def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[
     it matches is walked so, and a file whose path below the glob's fixed folders has a part
     starting with ``.`` or ``_`` (``_tmp/a.txt``) is skipped, unless the glob spells that part
     out. A file named twice (directly, by a directory or glob, or through a symlink to a file) is
-    an error, as its lines would be read twice. URLs are opened
+    an error, as its lines would be read twice. A local path that names a file or directory
+    is that one, even with glob characters in its name (``data[1].txt``). URLs are opened
     with ``storage_options`` (fsspec's keyword arguments, such as ``key``, ``secret`` and
     ``endpoint_url`` for ``s3://``).
 
@@ -120,6 +121,9 @@ def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[
         items = list(paths)
     if not items:
         raise ValueError("no input paths given: pass at least one file, directory or glob")
+    if any(not os.fspath(item) for item in items):  # '' would be the working directory, whole
+        raise ValueError("an input path is empty ('': an unset variable?): name a file, "
+                         "directory or glob")
     sources: list[Source] = []
     for item in items:
         sources.extend(_expand_one(os.fspath(item), storage_options))
@@ -154,8 +158,9 @@ def _expand_one(url: str, storage_options: StorageOptions) -> list[Source]:
 
 
 def _expand_local(url: str, path: str) -> tuple[str, dict[str, int]]:
-    """The folder names are relative to, and each file's size, for one local path or glob."""
-    if _is_glob(path):
+    """The folder names are relative to, and each file's size, for one local path or glob (a
+    path naming a file or directory, ``data[1].txt`` say, is that one, not a glob)."""
+    if _is_glob(path) and not os.path.lexists(path):
         return LocalFileSystem._strip_protocol(_glob_prefix(url)), _glob_local(url, path)
     if os.path.isdir(path):
         found = _walk_local(path)
