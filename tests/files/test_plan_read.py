@@ -284,3 +284,12 @@ def test_an_empty_path_is_refused_rather_than_the_working_directory_read(tmp_pat
         plan("", 1)
     with pytest.raises(ValueError, match="an input path is empty"):
         plan([tmp_path, ""], 1)
+
+
+def test_file_names_show_as_they_are_in_the_plan_never_as_markup(tmp_path: Path) -> None:
+    (tmp_path / "x[").mkdir()
+    (tmp_path / "x[" / "y]z.txt").write_text("1,2\n")
+    (tmp_path / "[bold]a.txt").write_text("3,4\n")
+    shown = str(plan(tmp_path, 1))
+    assert "[bold]a.txt@0" in shown and "x[/y]z.txt@4" in shown
+    assert plan(tmp_path / "[bold]a.txt", 1).sources[0].name == str(tmp_path / "[bold]a.txt")

@@ -15,6 +15,7 @@ from functools import cached_property
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from shardwise.checks import require_int
 from shardwise.files.columnar import TablePlan, columnar_format
@@ -85,8 +86,9 @@ class Plan:
         for rank in range(self.world_size):
             pieces = self.pieces(rank)
             start, stop = self.bounds(rank)
-            ends = [f"{p.source.name}@{p.start:,}" for p in pieces[:1]] + [
-                f"{p.source.name}@{p.stop:,}" for p in pieces[-1:]]
+            # Text: a file name is shown as it is, never read as markup ("[bold]a.txt")
+            ends = [Text(f"{p.source.name}@{p.start:,}") for p in pieces[:1]] + [
+                Text(f"{p.source.name}@{p.stop:,}") for p in pieces[-1:]]
             table.add_row(str(rank), f"{stop - start:,}", *(ends or ["-", "-"]))
         return table
 

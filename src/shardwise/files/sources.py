@@ -150,9 +150,10 @@ def _expand_one(url: str, storage_options: StorageOptions) -> list[Source]:
         root, found = _expand_local(url, path)
     else:
         root, found = _expand_remote(url, fs, path, secrets)
+    globbed = _is_glob(path) and root != path  # (a path naming a file is that file)
     return [
-        Source(name=_display_name(url, fs, root, p), size=int(found[p]), path=p, planned_fs=fs,
-               secrets=secrets)
+        Source(name=_display_name(url, fs, root, p, globbed), size=int(found[p]), path=p,
+               planned_fs=fs, secrets=secrets)
         for p in sorted(found)
     ]
 
@@ -337,13 +338,13 @@ def _literal_parts(pattern: str) -> frozenset[str]:
     return frozenset(part for part in pattern.split("/") if not _is_glob(part))
 
 
-def _display_name(url: str, fs: AbstractFileSystem, root: str, path: str) -> str:
+def _display_name(url: str, fs: AbstractFileSystem, root: str, path: str, globbed: bool) -> str:
     """The name to show and compare across ranks: URLs keep their protocol; local files keep the
     user's spelling (``data/b.txt``, not an absolute path), so ranks started in different working
     directories name the same files alike."""
     if "://" in url:
         return public_url(fs.unstrip_protocol(path))
-    prefix = _glob_prefix(url) if _is_glob(url) else url
+    prefix = _glob_prefix(url) if globbed else url
     return prefix if path == root else os.path.normpath(
         os.path.join(prefix, posixpath.relpath(path, root)))
 
