@@ -349,3 +349,17 @@ def test_a_reason_quotes_a_long_token_cut_short(tmp_path):
     with pytest.raises(ParseError) as caught:
         read_records(path, Format("fmap"))
     assert "does not fit in int64" in str(caught.value) and "9" * 300 not in str(caught.value)
+
+
+@pytest.mark.parametrize("delimiter", ["é", "\0", "→"])
+def test_a_delimiter_pyarrow_cannot_take_is_parsed_line_by_line_alike(tmp_path: Path,
+                                                                    delimiter: str) -> None:
+    for pattern in ("fmap", "fvec"):
+        lines = ["1,2,0.5", "3,4,1.5", "5,6,2.5"]
+        (tmp_path / "comma.txt").write_text("".join(f"{line}\n" for line in lines))
+        (tmp_path / "odd.txt").write_text(
+            "".join(f"{line.replace(',', delimiter)}\n" for line in lines), encoding="utf-8")
+        comma, _ = read_records(tmp_path / "comma.txt", Format(pattern), 0, 1)
+        odd, _ = read_records(tmp_path / "odd.txt", Format(pattern, delimiter=delimiter), 0, 1)
+        assert [odd[name].tolist() for name in odd.dtype.names] == [
+            comma[name].tolist() for name in comma.dtype.names] and len(odd) == 3

@@ -238,7 +238,9 @@ class RecordBuilder:
 
 
 def _parse(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
-    if fmt.parser is None:
+    # pyarrow's CSV reader takes an ASCII delimiter other than NUL; fset splits lines itself
+    fast = fmt.pattern == "fset" or (fmt.delimiter.isascii() and fmt.delimiter != "\0")
+    if fmt.parser is None and fast:
         try:
             if not _reads_alike(chunk.data, fmt):
                 raise _NeedsSlowPath  # halved below: only the pieces with the odd line go per line
