@@ -150,3 +150,10 @@ def test_three_gloo_ranks_read_every_row_once(tmp_path):
     ids = write_inputs(tmp_path, [[30, 20], [25], [5, 5, 5]])
     shares = spawn_local(_read_on_every_rank, 3, str(tmp_path), timeout=100)
     assert sum(shares, []) == ids and all(shares)
+
+
+def test_files_differing_only_in_which_columns_may_hold_nulls_read_as_one_table(tmp_path):
+    strict = pa.schema([pa.field("src", pa.int64(), nullable=False), ("dst", pa.int64())])
+    pq.write_table(pa.table({"src": [1, 2], "dst": [3, 4]}, schema=strict), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"src": [5], "dst": [6]}), tmp_path / "b.parquet")
+    assert read_table(tmp_path, 0, 1)["src"].to_pylist() == [1, 2, 5]

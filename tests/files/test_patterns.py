@@ -363,3 +363,16 @@ def test_a_delimiter_pyarrow_cannot_take_is_parsed_line_by_line_alike(tmp_path: 
         odd, _ = read_records(tmp_path / "odd.txt", Format(pattern, delimiter=delimiter), 0, 1)
         assert [odd[name].tolist() for name in odd.dtype.names] == [
             comma[name].tolist() for name in comma.dtype.names] and len(odd) == 3
+
+
+def test_a_parser_may_give_numpy_integer_ids_and_a_first_line_not_utf8_sets_no_width(
+        tmp_path: Path) -> None:
+    path = tmp_path / "e.txt"
+    path.write_bytes(b"1,2\n3,4\n")
+    parser = lambda line: [np.int64(field) for field in line.split(",")]  # noqa: E731
+    records, _ = read_records(path, Format("fmap", parser=parser), 0, 1)
+    assert records["src"].tolist() == [1, 3] and records["dst"].tolist() == [2, 4]
+    path.write_bytes(b"\xff,1,2,3\n1,0.5\n2,0.25\n")
+    with pytest.warns(UserWarning, match="skipped 1 malformed line"):
+        vectors, stats = read_records(path, Format("fvec", on_error="skip"), 0, 1)
+    assert vectors["id"].tolist() == [1, 2] and stats.skipped == 1

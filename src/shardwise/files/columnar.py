@@ -208,11 +208,12 @@ def read_table(
         return file_schema(plan.sources[0], columns).empty_table()
     schema = pieces[0].schema
     for (unit, _, _), piece in zip(plan.share(rank), pieces):
-        if not piece.schema.equals(schema):
+        # Names and types: files that differ only in which columns may hold nulls concatenate
+        if (piece.schema.names, piece.schema.types) != (schema.names, schema.types):
             raise ValueError(f"{unit.source.name} has columns {piece.schema.names} of types "
                              f"{piece.schema.types}, unlike the inputs before it "
                              f"({schema.names}, {schema.types}); give files of one schema")
-    return pa.concat_tables(pieces)
+    return pa.concat_tables(pieces, promote_options="default")
 
 
 def say_if_split_by_rows(plan: TablePlan, rank: int) -> None:

@@ -20,6 +20,7 @@ per-line path.
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -177,18 +178,22 @@ def first_line_features(lines: Iterable[bytes], fmt: Format) -> int | None:
     Every ``fvec`` line must have as many, so every rank takes the same number from the start of
     the input. Lines that are not valid UTF-8 are passed over.
 
-    >>> first_line_features([b"", b"7", b"1,0.5,0.25", b"2,0.5"], Format("fvec"))
+    >>> first_line_features([b"", b"\\xff,1,2,3", b"7", b"1,0.5,0.25", b"2,0.5"], Format("fvec"))
     2
     """
     for line in lines:
         if not line:
             continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
         if fmt.parser is None:  # counting never splits a wide line into a list of strings
             fields = line.count(fmt.delimiter.encode()) + 1
         else:
             try:
-                fields = len(fmt.parser(line.decode("utf-8")))
-            except (ValueError, TypeError, IndexError):  # UnicodeDecodeError is a ValueError
+                fields = len(fmt.parser(text))
+            except (ValueError, TypeError, IndexError):
                 continue
         if fields >= 2:
             return fields - 1
@@ -515,7 +520,7 @@ def _finish_ids(ids: list, fmt: Format) -> np.ndarray:
 
 
 def _int_id(token: object) -> int:
-    if isinstance(token, bool) or not isinstance(token, (str, int)):
+    if isinstance(token, (bool, np.bool_)) or not isinstance(token, (str, numbers.Integral)):
         raise TypeError(f"id {_cut(token)} must be a str or int")
     if isinstance(token, str) and not _INT_TOKEN.fullmatch(token):
         raise ValueError(f"id {_cut(token)} is not an integer (pass ids='str' for string ids)")

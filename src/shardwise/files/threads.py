@@ -27,7 +27,12 @@ def rank_threads() -> int:
     True
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    local = os.environ.get("LOCAL_WORLD_SIZE") or "1"
+    try:
+        local_ranks = int(local)
+    except ValueError:
+        raise ValueError(f"LOCAL_WORLD_SIZE={local!r} is not a number of ranks on this machine "
+                         "(torchrun sets it): unset it or set it to one") from None
     return max(1, (cores or 1) // max(local_ranks, 1))
 
 
