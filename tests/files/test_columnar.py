@@ -86,11 +86,18 @@ def test_feather_files_are_arrow_ipc(tmp_path):
 
 
 def test_a_rank_with_nothing_gets_an_empty_table_of_the_columns(tmp_path):
-    write_inputs(tmp_path, [[3000, 1, 1]])  # the big row group's bytes cover rank 1's share
+    write_inputs(tmp_path, [[2]])  # fewer rows than ranks
     plan = table_plan(tmp_path, 3)
-    assert not plan.by_rows and plan.share(1) == []
-    empty = read_table(plan, 1, 3, columns=["score"])
+    assert plan.by_rows and plan.share(0) == []
+    with pytest.warns(UserWarning, match="rows are split"):
+        empty = read_table(plan, 0, 3, columns=["score"])
     assert empty.num_rows == 0 and empty.schema.names == ["score"]
+
+
+def test_small_row_groups_in_front_of_a_large_one_leave_no_rank_idle(tmp_path):
+    write_inputs(tmp_path, [[10, 10, 3000]])  # the old rule gave rank 0 all three
+    plan = table_plan(tmp_path, 3)
+    assert [[u.index for u, _, _ in plan.share(r)] for r in range(3)] == [[0], [1], [2]]
 
 
 def test_bad_inputs_are_named(tmp_path):

@@ -2,10 +2,10 @@
 
 A Parquet file is a run of row groups, an Arrow IPC file a run of record batches: units a rank
 reads whole, decoding nothing it does not keep. The units of all inputs, in order, are dealt to
-the ranks as contiguous runs balanced by their compressed bytes (rank ``r`` takes the units whose
-first byte, counted over all the inputs, falls in ``[T*r//W, T*(r+1)//W)``), so every unit is
-read by exactly one rank. With fewer units than ranks that would leave ranks idle, so the rows
-are split instead: rank ``r`` reads rows ``[R*r//W, R*(r+1)//W)`` of the ``R`` rows, slicing them
+the ranks as contiguous runs balanced by their compressed bytes (each rank in turn takes units
+while the middle of the next one falls within an equal share of the bytes still to deal, and at
+least one), so every unit is read by exactly one rank and no rank is idle. With fewer units than
+ranks that would leave ranks idle, so the rows are split instead: rank ``r`` reads rows ``[R*r//W, R*(r+1)//W)`` of the ``R`` rows, slicing them
 out of the units that hold them.
 
 URLs (``s3://``, ``gs://``...) are opened with ``storage_options``, as by the text loader: every
@@ -73,7 +73,7 @@ class TablePlan:
     >>> pq.write_table(pa.table({"x": range(10)}), folder / "a.parquet", row_group_size=4)
     >>> plan = table_plan(folder, 2)
     >>> [u.rows for u in plan.units], plan.by_rows, [len(plan.share(r)) for r in range(2)]
-    ([4, 4, 2], False, [2, 1])
+    ([4, 4, 2], False, [1, 2])
     """
 
     sources: tuple[Source, ...]
@@ -101,8 +101,27 @@ class TablePlan:
         return np.concatenate([[0], np.cumsum([u.rows for u in self.units], dtype=np.int64)])
 
     @cached_property
-    def _byte_starts(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([u.bytes for u in self.units], dtype=np.int64)])
+    def _dealt(self) -> list[int]:
+        """Where each rank's run of whole units starts, and where the last one ends.
+
+        Each rank in turn takes units while the middle of the next one falls within its equal
+        share of the bytes still to deal (the rest over the ranks still to serve), and at least
+        one while every later rank can still have one: a few small units in front of a large
+        one leave no rank idle, and each rank's bytes stay within a unit of an equal share.
+        """
+        sizes, count, world = [u.bytes for u in self.units], len(self.units), self.world_size
+        bounds, left = [0], sum(sizes)
+        for rank in range(world - 1):
+            start = end = bounds[-1]
+            taken, target = 0, left / (world - rank)
+            while count - end > world - rank - 1 and (
+                    end == start or taken + sizes[end] / 2 <= target):
+                taken += sizes[end]
+                end += 1
+            bounds.append(end)
+            left -= taken
+        bounds.append(count)
+        return bounds
 
     @property
     def total_rows(self) -> int:
@@ -115,13 +134,8 @@ class TablePlan:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
         world = self.world_size
         if not self.by_rows:
-            total = int(self._byte_starts[-1])
-            lo, hi = total * rank // world, total * (rank + 1) // world
-            firsts = self._byte_starts[:-1]
-            mine = np.flatnonzero((firsts >= lo) & (firsts < hi))
-            if rank == world - 1:  # units of zero bytes at the very end go to the last rank
-                mine = np.flatnonzero(firsts >= lo)
-            return [(self.units[i], 0, self.units[i].rows) for i in mine]
+            first, end = self._dealt[rank], self._dealt[rank + 1]
+            return [(unit, 0, unit.rows) for unit in self.units[first:end]]
         lo, hi = self.total_rows * rank // world, self.total_rows * (rank + 1) // world
         stretches = []
         for i, unit in enumerate(self.units):
