@@ -369,7 +369,9 @@ def test_a_parser_may_give_numpy_integer_ids_and_a_first_line_not_utf8_sets_no_w
         tmp_path: Path) -> None:
     path = tmp_path / "e.txt"
     path.write_bytes(b"1,2\n3,4\n")
-    parser = lambda line: [np.int64(field) for field in line.split(",")]  # noqa: E731
+    def parser(line: str) -> list:
+        return [np.int64(field) for field in line.split(",")]
+
     records, _ = read_records(path, Format("fmap", parser=parser), 0, 1)
     assert records["src"].tolist() == [1, 3] and records["dst"].tolist() == [2, 4]
     path.write_bytes(b"\xff,1,2,3\n1,0.5\n2,0.25\n")

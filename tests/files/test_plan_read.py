@@ -293,3 +293,10 @@ def test_file_names_show_as_they_are_in_the_plan_never_as_markup(tmp_path: Path)
     shown = str(plan(tmp_path, 1))
     assert "[bold]a.txt@0" in shown and "x[/y]z.txt@4" in shown
     assert plan(tmp_path / "[bold]a.txt", 1).sources[0].name == str(tmp_path / "[bold]a.txt")
+
+
+def test_a_file_named_again_through_a_hard_link_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("1,2\n")
+    os.link(tmp_path / "a.txt", tmp_path / "b.txt")
+    with pytest.raises(ValueError, match=r"b.txt \(the same file as .*a.txt\) is named twice"):
+        plan([tmp_path / "a.txt", tmp_path / "b.txt"], 1)

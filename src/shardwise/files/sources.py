@@ -96,10 +96,10 @@ def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[
     (such as ``_SUCCESS`` markers and ``.crc`` files). A glob matches as Spark's do: a directory
     it matches is walked so, and a file whose path below the glob's fixed folders has a part
     starting with ``.`` or ``_`` (``_tmp/a.txt``) is skipped, unless the glob spells that part
-    out. A file named twice (directly, by a directory or glob, or through a symlink to a file) is
-    an error, as its lines would be read twice. A local path that names a file or directory
-    is that one, even with glob characters in its name (``data[1].txt``). URLs are opened
-    with ``storage_options`` (fsspec's keyword arguments, such as ``key``, ``secret`` and
+    out. A file named twice (directly, by a directory or glob, or through a symbolic or hard
+    link) is an error, as its lines would be read twice. A local path that names a file or
+    directory is that one, even with glob characters in its name (``data[1].txt``). URLs are
+    opened with ``storage_options`` (fsspec's keyword arguments, such as ``key``, ``secret`` and
     ``endpoint_url`` for ``s3://``).
 
     >>> expand([])
@@ -127,14 +127,14 @@ def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[
     sources: list[Source] = []
     for item in items:
         sources.extend(_expand_one(os.fspath(item), storage_options))
-    seen: dict[str, Source] = {}
+    seen: dict[str | tuple[int, int], Source] = {}
     for source in sources:
         first = seen.setdefault(_identity(source), source)
         if first is not source:
             same = "" if first.name == source.name else f" (the same file as {first.name})"
             raise ValueError(
                 f"{source.name}{same} is named twice in the inputs (directly, by a directory or "
-                "glob, or through a symlink); each file may be given once, or its lines would be "
+                "glob, or through a link); each file may be given once, or its lines would be "
                 "read twice"
             )
     return sources
@@ -319,10 +319,11 @@ def _raise(error: OSError) -> None:
     raise error
 
 
-def _identity(source: Source) -> str:
-    """What makes two sources the same file: its real path locally (symlinks resolved)."""
+def _identity(source: Source) -> str | tuple[int, int]:
+    """What makes two sources the same file: its device and inode locally (so symlinks and hard
+    links to it are it), its URL elsewhere."""
     if isinstance(source.fs, LocalFileSystem):
-        return os.path.realpath(source.path)
+        return _inode(source.path)
     return source.fs.unstrip_protocol(source.path)
 
 
