@@ -248,3 +248,10 @@ def test_row_groups_that_compress_unevenly_are_read_into_what_their_rows_need(tm
     records, stats = read_records(path, Format("fmap"), 0, 1, columns=("src", "dst"))
     assert len(records) == stats.lines == 2 * n
     assert records["dst"][n:].tolist() == pq.read_table(path).column("dst")[n:].to_pylist()
+
+
+def test_an_empty_part_of_any_column_types_adds_nothing(tmp_path):
+    pq.write_table(pa.table({"src": [1, 2], "dst": [3, 4]}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"src": [], "dst": []}), tmp_path / "part-1.parquet")  # null type
+    records, _ = read_records(tmp_path, Format("fmap"), 0, 1, columns=("src", "dst"))
+    assert records["src"].tolist() == [1, 2] and records["dst"].tolist() == [3, 4]

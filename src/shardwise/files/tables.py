@@ -124,6 +124,8 @@ def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: 
     >>> [c.tolist() for c in part.columns], [str(bad) for bad in part.examples]
     ([[1], [3], [0.5]], ["e.parquet:2: null in column 'b': '{a: 2, b: None, w: 1.0}'"])
     """
+    if table.num_rows == 0:  # whatever its columns' types (a table of empty lists has nulls)
+        return Parsed((np.empty(0, np.int64),), 0, 0, ())
     table = _dictionaries_decoded(table, columns)
     bad_rows = np.zeros(table.num_rows, dtype=bool)
     for column in columns:
