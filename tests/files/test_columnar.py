@@ -164,3 +164,15 @@ def test_files_differing_only_in_which_columns_may_hold_nulls_read_as_one_table(
     pq.write_table(pa.table({"src": [1, 2], "dst": [3, 4]}, schema=strict), tmp_path / "a.parquet")
     pq.write_table(pa.table({"src": [5], "dst": [6]}), tmp_path / "b.parquet")
     assert read_table(tmp_path, 0, 1)["src"].to_pylist() == [1, 2, 5]
+
+
+def test_a_parquet_files_nested_field_may_be_named_by_its_path(tmp_path):
+    table = pa.table({"id": [1, 2], "st": [{"x": 0, "y": 1}, {"x": 2, "y": 3}]})
+    pq.write_table(table, tmp_path / "n.parquet")
+    assert read_table(tmp_path, 0, 1, columns=["st.x"]).to_pydict() == {
+        "st": [{"x": 0}, {"x": 2}]}
+    with pytest.warns(UserWarning, match="rows are split"):
+        empty = read_table(tmp_path, 0, 3, columns=["st.x"])  # a rank with no rows
+    assert empty.num_rows == 0 and empty.schema.names == ["st"]
+    with pytest.raises(ValueError, match=r"n.parquet has no column 'st.z': its columns are id, st"):
+        read_table(tmp_path, 0, 1, columns=["st.z"])

@@ -300,3 +300,13 @@ def test_a_file_named_again_through_a_hard_link_is_an_error(tmp_path: Path) -> N
     os.link(tmp_path / "a.txt", tmp_path / "b.txt")
     with pytest.raises(ValueError, match=r"b.txt \(the same file as .*a.txt\) is named twice"):
         plan([tmp_path / "a.txt", tmp_path / "b.txt"], 1)
+
+
+def test_line_numbers_are_those_of_the_file_as_planned_when_rewritten_at_the_same_size(
+        tmp_path: Path) -> None:
+    path = tmp_path / "e.txt"
+    for lines in (["a" * 9] * 10 + ["b"], ["a" * 4] * 20 + ["b"]):  # 101 bytes each time
+        path.write_text("".join(f"{line}\n" for line in lines))
+        (source,) = plan(path, 1).sources
+        data = path.read_bytes()
+        assert Chunk(source, data.index(b"b"), b"b\n").line_number() == len(lines)

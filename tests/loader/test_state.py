@@ -393,6 +393,37 @@ def test_a_sampler_shuffling_with_numpys_or_pythons_generator_resumes_exactly(li
     assert head + values(resumed) == whole
 
 
+class DrawingAsItGoes(Sampler):
+    """A sampler that draws from torch's global generator for every index, as it is asked."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __iter__(self):
+        for _ in range(16):
+            yield int(torch.randint(1000, ()))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_drawing_from_the_global_generator_as_it_goes_resumes_exactly(workers):
+    """What the saved pass had drawn (delivered, and sent ahead to workers) is drawn again
+    before the global generator goes back to where it stood as the state was saved."""
+    def make():
+        return DataLoader(list(range(1000)), batch_size=2, sampler=DrawingAsItGoes(),
+                          num_workers=workers)
+
+    torch.manual_seed(0)
+    loader = make()
+    iterator = iter(loader)
+    values(islice(iterator, 3))
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = values(iterator)
+    torch.manual_seed(123)  # a new job
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert values(resumed) == rest and len(rest) == 5
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_epochs_after_a_resume_draw_as_the_saved_job_though_training_drew_from_the_global_rng(
         workers):

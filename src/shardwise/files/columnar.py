@@ -263,18 +263,30 @@ def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Sche
     """The columns of one Parquet or Arrow IPC file (only ``columns`` when given), from its footer."""
     with source.open() as handle, _named(source):
         if columnar_format(source.name) == "parquet":
-            schema = pq.ParquetFile(handle).schema_arrow
-        else:
-            schema = ipc.open_file(handle).schema
+            reader = pq.ParquetFile(handle)
+            if columns is not None:  # (a nested field's path, "st.x", too)
+                _check_has(source, reader, columns)
+                return reader.read_row_groups([], columns=list(columns)).schema
+            return reader.schema_arrow
+        schema = ipc.open_file(handle).schema
     if columns is None:
         return schema
-    _check_has(source, schema.names, columns)
+    _check_has(source, schema, columns)
     return pa.schema([schema.field(c) for c in columns])
 
 
-def _check_has(source: Source, names: Sequence[str], columns: Sequence[str]) -> None:
-    """Raise, naming the ``columns`` that ``source`` lacks and those it has, if it lacks any."""
-    missing = [repr(c) for c in columns if c not in names]
+def _check_has(source: Source, reader: pq.ParquetFile | pa.Schema, columns: Sequence[str]
+               ) -> None:
+    """Raise, naming the ``columns`` that ``source`` lacks and those it has, if it lacks any:
+    an Arrow IPC file's columns are its top-level fields; a Parquet file also takes the path of
+    a nested field (``st.x``) and of a group of them."""
+    names = reader.names if isinstance(reader, pa.Schema) else reader.schema_arrow.names
+    taken = set(names)
+    if isinstance(reader, pq.ParquetFile):
+        for i in range(len(reader.schema)):
+            parts = reader.schema.column(i).path.split(".")
+            taken.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
+    missing = [repr(c) for c in columns if c not in taken]
     if missing:
         raise ValueError(f"{source.name} has no column{'s' * (len(missing) > 1)} "
                          f"{', '.join(missing)}: its columns are "
@@ -287,7 +299,9 @@ def _named(source: Source) -> Iterator[None]:
     try:
         yield
     except (pa.ArrowException, OSError) as error:  # (a damaged footer is an OSError)
-        if source.name in str(error):  # named already: a request to an object store that failed
+        # Out of memory is not the file's fault; an error naming the file is one already (a
+        # request to an object store that failed)
+        if isinstance(error, MemoryError) or source.name in str(error):
             raise
         kind = "Parquet" if columnar_format(source.name) == "parquet" else "Arrow IPC"
         raise ValueError(f"{source.name} is not a readable {kind} file "
@@ -322,8 +336,8 @@ def read_stretches(stretches: Iterable[tuple[Unit, int, int]],
                     reader = (pq.ParquetFile(handle) if columnar_format(source.name) == "parquet"
                               else ipc.open_file(handle))
                 if columns is not None:  # (Parquet would leave out a column it lacks)
-                    _check_has(source, reader.schema_arrow.names if isinstance(
-                        reader, pq.ParquetFile) else reader.schema.names, columns)
+                    _check_has(source, reader if isinstance(reader, pq.ParquetFile)
+                               else reader.schema, columns)
             with _named(source):
                 if isinstance(reader, pq.ParquetFile):
                     table = reader.read_row_group(unit.index, columns=columns)

@@ -45,9 +45,12 @@ LineParser = Callable[[str], Sequence[object]]
 Columns = tuple[Any, ...]
 
 MAX_EXAMPLES = 10  # bad lines kept (with their location) for the report; all are counted
-# Below this, a failing chunk is parsed line by line. Small: a bad line every 60 KB took every
-# byte through the per-line path at 64 KiB (3.9 s for 23 MB), 1.4 s at 4 KiB.
+# Below this, a failing chunk is parsed line by line. Small, for a bad line now and then (one
+# every 60 KB took every byte through the per-line path at 64 KiB: 3.9 s for 23 MB, 1.4 s at
+# 4 KiB); where bad lines are dense, a piece of _DENSE_CHECK_BYTES whose halves both fail goes
+# line by line at once, rather than being halved on down.
 _SLOW_PATH_BYTES = 4 * 2**10
+_DENSE_CHECK_BYTES = 64 * 2**10
 # One pyarrow block per default chunk (read.py): each column comes back as one array, no concatenation.
 _CSV_BLOCK_BYTES = 32 * 2**20
 # pyarrow.csv costs several KiB per column whatever the rows (1.2 GB for a 1 MB line of 100,000
@@ -242,24 +245,46 @@ class RecordBuilder:
         return records
 
 
-def _parse(chunk: Chunk, fmt: Format) -> tuple[Columns, list[BadLine]]:
-    # pyarrow's CSV reader takes an ASCII delimiter other than NUL; fset splits lines itself
-    fast = fmt.pattern == "fset" or (fmt.delimiter.isascii() and fmt.delimiter != "\0")
-    if fmt.parser is None and fast:
-        try:
-            if not _reads_alike(chunk.data, fmt):
-                raise _NeedsSlowPath  # halved below: only the pieces with the odd line go per line
-            return _FAST[fmt.pattern](chunk.data, fmt), []
-        except (pa.ArrowInvalid, _NeedsSlowPath):
-            pass
-        halves = _halves(chunk)
-        if halves:
-            (left, left_bad), (right, right_bad) = (_parse(half, fmt) for half in halves)
-            joined = RecordBuilder(fmt.record_dtype())
-            joined.append(left)
-            joined.append(right)
-            return record_columns(joined.finish()), left_bad + right_bad
-    return _slow(chunk, fmt)
+def _parse(chunk: Chunk, fmt: Format, fast: Any = "untried") -> tuple[Columns, list[BadLine]]:
+    """``chunk``'s records and bad lines: the fast path where it takes the chunk, else halves of
+    it, so that only pieces holding a bad line go line by line. A piece of at most
+    ``_DENSE_CHECK_BYTES`` whose halves both fail has bad lines throughout: it goes line by line
+    at once. (``fast``: what the fast path gave the chunk, if the caller tried it already.)"""
+    if isinstance(fast, str):
+        fast = _fast(chunk, fmt)
+    if fast is not None:
+        return fast, []
+    halves = _halves(chunk) if _takes_fast_path(fmt) else None
+    if halves is None:
+        return _slow(chunk, fmt)
+    small = len(chunk.data) <= _DENSE_CHECK_BYTES
+    tried = [_fast(half, fmt) if small else "untried" for half in halves]
+    if small and tried == [None, None]:
+        return _slow(chunk, fmt)
+    (left, left_bad), (right, right_bad) = (_parse(half, fmt, done)
+                                            for half, done in zip(halves, tried))
+    joined = RecordBuilder(fmt.record_dtype())
+    joined.append(left)
+    joined.append(right)
+    return record_columns(joined.finish()), left_bad + right_bad
+
+
+def _takes_fast_path(fmt: Format) -> bool:
+    """pyarrow's CSV reader takes an ASCII delimiter other than NUL; fset splits lines itself."""
+    return fmt.parser is None and (fmt.pattern == "fset" or (
+        fmt.delimiter.isascii() and fmt.delimiter != "\0"))
+
+
+def _fast(chunk: Chunk, fmt: Format) -> Columns | None:
+    """``chunk``'s records by the fast path, or None where it cannot take them."""
+    if not _takes_fast_path(fmt):
+        return None
+    try:
+        if not _reads_alike(chunk.data, fmt):
+            return None  # (an odd line: its piece goes line by line once halved down to it)
+        return _FAST[fmt.pattern](chunk.data, fmt)
+    except (pa.ArrowInvalid, _NeedsSlowPath):
+        return None
 
 
 def _reads_alike(data: bytes, fmt: Format) -> bool:

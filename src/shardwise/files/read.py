@@ -68,7 +68,7 @@ class Chunk:
         a file with a bad line every few kilobytes is read about once, not once per bad line.
         """
         with _COUNTED_LOCK:
-            marks = _COUNTED.setdefault(self.source, [(0, 0)])
+            marks = _counted_marks(self.source)
             at, before = marks[bisect.bisect_right(marks, (self.start, math.inf)) - 1]
             if at < self.start:
                 with _ranges(self.source) as read:
@@ -79,10 +79,19 @@ class Chunk:
         return before + self.data.count(b"\n", 0, offset) + 1
 
 
-# Newlines counted before places in a file, (offset, count) in order, for as long as the file's
-# Source lives (a plan holds it); the lock keeps threads parsing chunks from counting at once.
-_COUNTED: weakref.WeakKeyDictionary[Source, list[tuple[int, int]]] = weakref.WeakKeyDictionary()
+# Newlines counted before places in a file, (offset, count) in order, by the Source object (not
+# an equal one: a file rewritten at the same size is planned anew), for as long as it lives (a
+# plan holds it); the lock keeps threads parsing chunks from counting at once.
+_COUNTED: dict[int, list[tuple[int, int]]] = {}
 _COUNTED_LOCK = threading.Lock()
+
+
+def _counted_marks(source: Source) -> list[tuple[int, int]]:
+    marks = _COUNTED.get(id(source))
+    if marks is None:
+        marks = _COUNTED[id(source)] = [(0, 0)]
+        weakref.finalize(source, _COUNTED.pop, id(source), None)
+    return marks
 
 
 def iter_chunks(

@@ -252,6 +252,7 @@ class LoaderIterator(_BaseDataLoaderIter):
                 self.record.worker_states = carried  # batches fetched ahead of delivery too
             self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
             self._indices = iter(loader._index_sampler)
+        self._indices = _counted(self._indices, self.record)
         skip = resume.skip if resume is not None else 0
         self._drop = 0
         if skip and loader._dataset_kind == _DatasetKind.Map:
@@ -267,8 +268,13 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._map = loader._dataset_kind == _DatasetKind.Map
         if resume is not None and self._map:  # later batches delivered already are passed over
             self.record.ahead = dict(resume.ahead)
-        if replay:  # what a sampler draws lazily is drawn now, from the restored state
-            self._indices = itertools.chain(list(itertools.islice(self._indices, 1)),
+        if replay:
+            # What the saved pass had drawn from its sampler (the batches delivered, and those
+            # sent ahead to workers) is drawn now, from the replayed states, before the process-
+            # wide generators go back to where they stood as it was saved; a pass that had
+            # delivered nothing draws its first batch now (a sampler draws lazily).
+            drawn = 1 if resume.taken is None else max(resume.taken - self.record.taken, 0)
+            self._indices = itertools.chain(list(itertools.islice(self._indices, drawn)),
                                             self._indices)
         # The process-wide generators as they stood when the state was saved, put back once the
         # pass's own draws are replayed (a stream's dropped batches loaded again too).
@@ -534,6 +540,13 @@ def _fetch_here(fetcher: Any, index: Any) -> Any:
         raise
     except Exception as error:  # noqa: BLE001 - any error of the dataset's fails its batch
         return _Failed(error)
+
+
+def _counted(indices: Iterator[Any], record: PassRecord) -> Iterator[Any]:
+    """``indices``, each batch's drawn from the sampler counted in ``record.taken``."""
+    for index in indices:
+        record.taken += 1
+        yield index
 
 
 def _close_stages(stages: list[Any]) -> None:

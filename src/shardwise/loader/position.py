@@ -65,6 +65,7 @@ class PassRecord:
     resumed_batches: int = 0  # batches a resumed pass started after
     batches: int = 0  # delivered by this pass
     samples: int = 0  # indices behind the batches this pass delivered
+    taken: int = 0  # batches of indices drawn from the sampler (delivered, or sent ahead)
     finished: bool = False
     out_of_order: bool = False
     dataset_states: dict[str, Any] | None = None  # a Stateful dataset's, after the last batch
@@ -188,6 +189,7 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
             # then puts these back, which also hold what the caller drew since (dropout, say),
             # so the rest of the epoch and the ones after it draw as this job would have.
             state["randomness_now"] = encoded(global_states())
+            state["taken"] = record.taken  # what the sampler had drawn by then
     if record.ahead:
         state["ahead"] = [[place - record.prefix, count]
                           for place, count in sorted(record.ahead.items())]
@@ -323,6 +325,7 @@ class Resume:
     # then, in a tuple (the epoch may be None); the first next() decides (rest_is_empty).
     unseen_end_of: tuple[int | None] | None = None
     randomness_now: dict[str, Any] | None = None  # the process-wide generators' as it was saved
+    taken: int | None = None  # batches of indices its sampler had drawn by then
 
     def applied(self, loader: Any) -> Resume:
         """This resume as it stands now: once the sampler stands in another epoch (``set_epoch``
@@ -422,7 +425,8 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     now = state.get("randomness_now")
     return Resume(skip=before, resumed_batches=before, randomness=decoded(state.get("randomness", {})),
                   unseen_end_of=None if unseen is None else (unseen["epoch"],),
-                  randomness_now=None if now is None else decoded(now), **common)
+                  randomness_now=None if now is None else decoded(now),
+                  taken=None if state.get("taken") is None else int(state["taken"]), **common)
 
 
 def _rank_of(sampler: Any) -> list[Any]:
