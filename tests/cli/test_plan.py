@@ -143,3 +143,10 @@ def test_torch_permutation_of_a_huge_size_is_refused_with_the_way_out(capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1
     assert "1,000,000,000-sample permutation" in err and "use --permutation feistel" in err
+
+
+def test_far_more_ranks_than_samples_lists_each_repeated_sample_once(capsys):
+    plan = plan_json(capsys, "--size", "10", "--world-size", str(10**11), "--permutation",
+                     "feistel", "--max-ranks", "3")
+    first = plan["epochs"][0]
+    assert first["repeated"] == list(range(10)) and first["repeated_count"] == 10

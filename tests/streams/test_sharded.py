@@ -172,6 +172,45 @@ def test_ranks_given_different_shard_lists_are_stopped():
     assert all("rank 1 has fingerprint=" in message for message in said), said
 
 
+def _workers_by_rank() -> str:
+    import torch.distributed as dist
+
+    from shardwise import InconsistentRanksError
+
+    workers = 2 if dist.get_rank() == 0 else 1  # (a node with fewer cores, say)
+    try:
+        list(DataLoader(shard_iterable(shards=shards_of([2] * 8)), num_workers=workers))
+    except InconsistentRanksError as error:
+        return str(error)
+    return "loaded"
+
+
+@pytest.mark.timeout(120)
+def test_ranks_reading_a_stream_with_different_numbers_of_workers_are_stopped():
+    """Each worker reads its own share: ranks with other counts would overlap and leave gaps."""
+    from shardwise import spawn_local
+
+    said = spawn_local(_workers_by_rank, 2, timeout=100)
+    assert all("rank 1 has worker_processes=1 where rank 0 has worker_processes=2" in message
+               for message in said), said
+
+
+def test_a_stream_state_from_another_rank_is_refused_not_read_from_the_start():
+    """A rank's state holds only its own place: another rank would read its share twice."""
+    stream = shard_iterable(shards=shards_of([3, 4, 5, 6]), rank=0, world_size=2)
+    items = iter(stream)
+    next(items)
+    state = stream.state_dict()
+    other = shard_iterable(shards=shards_of([3, 4, 5, 6]), rank=1, world_size=2)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="holds the place of rank 0's reading of the stream, "
+                                         "not of rank 1's"):
+        next(iter(other))
+    same = shard_iterable(shards=shards_of([3, 4, 5, 6]), rank=0, world_size=2)
+    same.load_state_dict(state)
+    assert list(same) == list(items)
+
+
 def test_shards_are_named_alike_on_every_rank_by_what_they_read(tmp_path):
     from shardwise.streams.files import line_shards
 

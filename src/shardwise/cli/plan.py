@@ -162,7 +162,7 @@ def plan_epochs(args: argparse.Namespace) -> list[EpochPlan]:
         columns = _batch_columns(samplers, args.batch_size, args.max_batches)
         ranks = [_rank_epoch(sampler, args.batch_size, columns) for sampler in samplers]
         total, dropped = samplers[0].total_size, samplers[0].dropped()
-        repeated = np.unique(samplers[0].repeated()).tolist()
+        repeated = np.unique(samplers[0].repeated(distinct=True)).tolist()
         epochs.append(EpochPlan(
             epoch, ranks, ranks_not_shown=args.world_size - len(shown),
             padding=max(0, total - args.size), repeated=repeated[:_MAX_LISTED],

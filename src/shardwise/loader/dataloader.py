@@ -29,6 +29,7 @@ from shardwise.loader.position import (
     read_state,
     resumable_sampler,
     resumed_batches,
+    worker_streams,
 )
 from shardwise.loader.progress import EpochBar
 from shardwise.loader.stats import Clock, LoaderStats
@@ -323,10 +324,24 @@ def _checked_sampler(loader: DataLoader, torch_samplers: bool) -> Any | None:
     for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None), stream):
         if callable(getattr(sampler, "config", None)) and callable(
                 getattr(sampler, "fingerprint", None)):
-            return sampler
+            return _ReadStream(sampler, worker_streams(loader)) if sampler is stream else sampler
         if torch_samplers and isinstance(sampler, TorchDistributedSampler):
             return sampler
     return None
+
+
+class _ReadStream:
+    """A stream as a pass reads it: split over the ranks' worker processes too, so every rank
+    must have as many (a rank with another count would read other shares than the rest think)."""
+
+    def __init__(self, stream: Any, workers: int) -> None:
+        self.stream, self.rank, self.workers = stream, stream.rank, workers
+
+    def config(self) -> dict[str, Any]:
+        return {**self.stream.config(), "worker_processes": self.workers}
+
+    def fingerprint(self) -> int:
+        return self.stream.fingerprint()
 
 
 class _Unsplit:

@@ -231,15 +231,19 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         positions = np.arange(min(kept, length), length, dtype=np.int64)
         return self._order_of(self._at.epoch).take(self._at.segments.take(positions))
 
-    def repeated(self) -> np.ndarray:
-        """The samples that padding hands out again in this pass, one entry per repeat (< W).
+    def repeated(self, distinct: bool = False) -> np.ndarray:
+        """The samples that padding hands out again in this pass, one entry per repeat (< W);
+        ``distinct``: each such sample once (at most the pass's length, whatever W is).
 
         >>> DistributedSampler(7, 3, 0, shuffle=False).repeated().tolist()
         [0, 1]
+        >>> DistributedSampler(2, 10**12, 0, shuffle=False).repeated(distinct=True).tolist()
+        [0, 1]
         """
         length = self._at.segments.length
-        extra = split_total(length, self.num_replicas, self.remainder) - length
-        positions = np.arange(max(0, extra), dtype=np.int64) % max(length, 1)
+        extra = max(0, split_total(length, self.num_replicas, self.remainder) - length)
+        count = min(extra, length) if distinct else extra
+        positions = np.arange(count, dtype=np.int64) % max(length, 1)
         return self._order_of(self._at.epoch).take(self._at.segments.take(positions))
 
     # -- checks across ranks -------------------------------------------------------------------

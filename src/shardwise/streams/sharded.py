@@ -87,6 +87,14 @@ class ShardedIterable(IterableDataset):
                 f"the state was saved by {self._consumers} consumers (ranks x DataLoader "
                 f"workers) but this pass has {consumers}: resume with as many workers, or the "
                 "stream would read some items twice and others never")
+        if self._resume and me not in self._resume:
+            workers = consumers // self.world_size
+            saved = sorted({c // workers for c in self._resume})
+            raise ValueError(
+                f"the state holds the place of rank {', '.join(map(str, saved))}'s reading of "
+                f"the stream, not of rank {self.rank}'s: a stream's state is its own rank's "
+                "(each rank reads other shards), so save one on every rank and load each rank's "
+                "own, or begin the epoch anew; this rank would read its share again from its start")
         self._consumers = consumers
         whole = self.by_shard(consumers)
         # Whole shards, round-robin; or every shard, keeping every C-th item (rotated per shard
