@@ -527,10 +527,12 @@ def test_a_state_on_an_epochs_last_batch_without_set_epoch_resumes_as_torchdatas
         return DataLoader(Indexed(), batch_size=4, shuffle=sampler is None, sampler=sampler,
                           generator=torch.Generator().manual_seed(3))
 
-    loader = make()
-    values(islice(iter(loader), len(loader)))
-    state = loader.state_dict()
-    second = batches(loader)
+    def on_the_last_batch(loader) -> tuple[dict, list]:
+        """The state on the epoch's last batch, and the next epoch's batches."""
+        values(islice(iter(loader), len(loader)))
+        return loader.state_dict(), batches(loader)
+
+    state, second = on_the_last_batch(make())
     fresh = make()
     fresh.load_state_dict(state)
     assert batches(fresh) == []
@@ -540,15 +542,12 @@ def test_a_state_on_an_epochs_last_batch_without_set_epoch_resumes_as_torchdatas
     assert batches(again) == second == batches(fresh)
 
     def torchs():
-        return make(RandomSampler(Indexed(), generator=torch.Generator()
-                                                   .manual_seed(4)))
-    loader = torchs()
-    values(islice(iter(loader), len(loader)))
-    state = loader.state_dict()
-    second = batches(loader)
+        return make(RandomSampler(Indexed(), generator=torch.Generator().manual_seed(4)))
+
+    state, second = on_the_last_batch(torchs())
     fresh = torchs()
     fresh.load_state_dict(state)
-    assert batches(fresh) == second and len(second) == len(loader)
+    assert batches(fresh) == second and len(second) == len(fresh)
 
 
 def test_the_default_samplers_are_torchs_and_keep_the_epoch_they_are_told():
