@@ -1148,3 +1148,22 @@ def test_a_state_saved_with_random_states_as_lists_still_resumes():
 def test_a_class_is_not_a_stateful_dataset():
     # accelerate's loader unpickles through a loader whose dataset is a class
     assert not stateful(StatefulNoisy) and stateful(StatefulNoisy())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_streams_state_after_more_batches_is_the_uninterrupted_ones(workers):
+    """As torchdata's tests compare them: nothing in the state tells a resumed pass apart."""
+    def make():
+        return DataLoader(Countdown(), batch_size=2, num_workers=workers,
+                          persistent_workers=bool(workers))
+
+    loader = make()
+    iterator = iter(loader)
+    values(islice(iterator, 3))
+    state = loader.state_dict()
+    values(islice(iterator, 2))
+    expected = loader.state_dict()
+    fresh = make()
+    fresh.load_state_dict(state)
+    values(islice(iter(fresh), 2))
+    assert fresh.state_dict() == expected

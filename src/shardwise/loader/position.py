@@ -189,7 +189,8 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
             # then puts these back, which also hold what the caller drew since (dropout, say),
             # so the rest of the epoch and the ones after it draw as this job would have.
             state["randomness_now"] = encoded(global_states())
-            state["taken"] = record.taken  # what the sampler had drawn by then
+            if record.route == "replay":  # what the sampler had drawn by then (a stream's
+                state["taken"] = record.taken  # placeholders draw nothing)
     if record.ahead:
         state["ahead"] = [[place - record.prefix, count]
                           for place, count in sorted(record.ahead.items())]
@@ -423,7 +424,8 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                       else saved_epoch, **common)
     unseen = state.get("end_unseen")
     now = state.get("randomness_now")
-    return Resume(skip=before, resumed_batches=before, randomness=decoded(state.get("randomness", {})),
+    return Resume(skip=before, resumed_batches=before,
+                  randomness=decoded(state.get("randomness", {})),
                   unseen_end_of=None if unseen is None else (unseen["epoch"],),
                   randomness_now=None if now is None else decoded(now),
                   taken=None if state.get("taken") is None else int(state["taken"]), **common)
