@@ -5,8 +5,8 @@ reads whole, decoding nothing it does not keep. The units of all inputs, in orde
 the ranks as contiguous runs balanced by their compressed bytes (each rank in turn takes units
 while the middle of the next one falls within an equal share of the bytes still to deal, and at
 least one), so every unit is read by exactly one rank and no rank is idle. With fewer units than
-ranks that would leave ranks idle, so the rows are split instead: rank ``r`` reads rows ``[R*r//W, R*(r+1)//W)`` of the ``R`` rows, slicing them
-out of the units that hold them.
+ranks that would leave ranks idle, so the rows are split instead: rank ``r`` reads rows
+``[R*r//W, R*(r+1)//W)`` of the ``R`` rows, slicing them out of the units that hold them.
 
 URLs (``s3://``, ``gs://``...) are opened with ``storage_options``, as by the text loader: every
 request (a listing, a footer, a column chunk) is retried on transient errors and names the object
