@@ -150,18 +150,23 @@ def test_three_gloo_ranks_read_every_item_once():
     assert seen == everything([3, 5, 2, 7, 1, 4])
 
 
-def _shards_in_rank_order() -> str:
-    import torch.distributed as dist
-
+def _stopped(loader) -> str:
+    """What stopped ``loader`` from loading on this rank, or ``"loaded"``."""
     from shardwise import InconsistentRanksError
 
-    a, b, c, d = [0, 1], [2, 3], [4, 5], [6, 7]  # listed in another order on rank 1
-    shards = [a, b, c, d] if dist.get_rank() == 0 else [b, a, d, c]
     try:
-        list(DataLoader(shard_iterable(shards=shards), batch_size=2))
+        list(loader)
     except InconsistentRanksError as error:
         return str(error)
     return "loaded"
+
+
+def _shards_in_rank_order() -> str:
+    import torch.distributed as dist
+
+    a, b, c, d = [0, 1], [2, 3], [4, 5], [6, 7]  # listed in another order on rank 1
+    shards = [a, b, c, d] if dist.get_rank() == 0 else [b, a, d, c]
+    return _stopped(DataLoader(shard_iterable(shards=shards), batch_size=2))
 
 
 @pytest.mark.timeout(120)
@@ -175,14 +180,8 @@ def test_ranks_given_different_shard_lists_are_stopped():
 def _workers_by_rank() -> str:
     import torch.distributed as dist
 
-    from shardwise import InconsistentRanksError
-
     workers = 2 if dist.get_rank() == 0 else 1  # (a node with fewer cores, say)
-    try:
-        list(DataLoader(shard_iterable(shards=shards_of([2] * 8)), num_workers=workers))
-    except InconsistentRanksError as error:
-        return str(error)
-    return "loaded"
+    return _stopped(DataLoader(shard_iterable(shards=shards_of([2] * 8)), num_workers=workers))
 
 
 @pytest.mark.timeout(120)
