@@ -245,12 +245,15 @@ class RecordBuilder:
         return records
 
 
-def _parse(chunk: Chunk, fmt: Format, fast: Any = "untried") -> tuple[Columns, list[BadLine]]:
+_UNTRIED = object()  # the fast path has not been tried on the chunk yet
+
+
+def _parse(chunk: Chunk, fmt: Format, fast: Any = _UNTRIED) -> tuple[Columns, list[BadLine]]:
     """``chunk``'s records and bad lines: the fast path where it takes the chunk, else halves of
     it, so that only pieces holding a bad line go line by line. A piece of at most
     ``_DENSE_CHECK_BYTES`` whose halves both fail has bad lines throughout: it goes line by line
     at once. (``fast``: what the fast path gave the chunk, if the caller tried it already.)"""
-    if isinstance(fast, str):
+    if fast is _UNTRIED:
         fast = _fast(chunk, fmt)
     if fast is not None:
         return fast, []
@@ -258,7 +261,7 @@ def _parse(chunk: Chunk, fmt: Format, fast: Any = "untried") -> tuple[Columns, l
     if halves is None:
         return _slow(chunk, fmt)
     small = len(chunk.data) <= _DENSE_CHECK_BYTES
-    tried = [_fast(half, fmt) if small else "untried" for half in halves]
+    tried = [_fast(half, fmt) if small else _UNTRIED for half in halves]
     if small and tried == [None, None]:
         return _slow(chunk, fmt)
     (left, left_bad), (right, right_bad) = (_parse(half, fmt, done)
