@@ -325,6 +325,34 @@ def test_torchdata_sees_a_stateful_loader():
     assert isinstance(DataLoader(Indexed()), stateful.Stateful)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataset_states_sit_where_torchdatas_loader_puts_them(workers):
+    loader = DataLoader(Countdown(), batch_size=3, num_workers=workers)
+    iterator = iter(loader)
+    for _ in range(4):  # each stream part-way through
+        next(iterator)
+    state = loader.state_dict()
+    if workers:
+        snapshots = state["_snapshot"]["_worker_snapshots"]
+        assert sorted(snapshots) == ["worker_0", "worker_1"]
+        streams = [snapshots["worker_0"], snapshots["worker_1"]]
+    else:
+        streams = [state]
+    for stream in streams:  # the dataset is its own iterator: kept once, as the iterator
+        assert stream["dataset_state"] is None
+        assert stream["fetcher_state"]["dataset_iter_state"]["at"] > 0
+        assert stream["fetcher_state"]["fetcher_ended"] is False
+    fresh = DataLoader(Countdown(), batch_size=3, num_workers=workers)
+    fresh.load_state_dict(state)
+    assert [b.tolist() for b in fresh] == [b.tolist() for b in iterator]
+
+
+def test_a_state_from_another_version_says_so():
+    state = {**DataLoader(Indexed()).state_dict(), "version": 1}
+    with pytest.raises(ValueError, match="another version of shardwise .* version 1; this one"):
+        DataLoader(Indexed()).load_state_dict(state)
+
+
 @pytest.mark.parametrize("every", [1, 3, 0, None])  # 0 and None: on request only, to torchdata
 def test_code_written_for_torchdatas_loader_runs_and_resumes_exactly_at_any_step(every):
     def make():

@@ -37,7 +37,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.randomness import decoded, encoded, global_states, random_states
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: dataset states in torchdata's layout
 
 
 def resumable_sampler(loader: Any) -> Any | None:
@@ -196,14 +196,17 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
                           for place, count in sorted(record.ahead.items())]
     if record.route == "sampler" and not loader.in_order:  # its places are this rank's own
         state["ahead_of"] = _rank_of(sampler)
-    state["streams"] = worker_streams(loader)
-    # Copies: the pass goes on changing its record.
-    if record.dataset_states:
-        state["dataset_states"] = dict(record.dataset_states)
+    state["streams"] = streams = worker_streams(loader)
+    iterable = record.route == "iterable"
     worker_states = (next_pass_states(loader, record) if record.finished
                      else list(record.worker_states))
-    if any(worker_states):
-        state["worker_states"] = worker_states
+    if streams:
+        state["_snapshot"] = {"_worker_snapshots": {
+            f"worker_{worker}": {"worker_id": worker, **torchdata_entry(
+                states, iterable, ended=worker in record.ended and not record.finished)}
+            for worker, states in enumerate(worker_states)}}
+    else:
+        state.update(torchdata_entry(record.dataset_states, iterable))
     if batches and not record.finished:
         state["next_worker"] = record.next_worker
         state["ended"] = list(record.ended)
@@ -274,6 +277,35 @@ def dataset_states(dataset: Any, iterator: Any, *, ended: bool = False, copied: 
     if ended:
         states["ended"] = True
     return states
+
+
+def torchdata_entry(states: dict[str, Any] | None, iterable: bool, *, ended: bool = False
+                    ) -> dict[str, Any]:
+    """One stream's dataset states, laid out as torchdata's ``StatefulDataLoader`` lays out a
+    worker's (tools and tests written for its states find them where they look). A stream
+    ``ended`` says so whether or not it keeps states.
+
+    >>> torchdata_entry({"dataset_iter": {"at": 3}}, iterable=True, ended=True)
+    {'dataset_state': None, 'fetcher_state': {'dataset_iter_state': {'at': 3}, 'fetcher_ended': True}}
+    """
+    states = states or {}
+    fetcher = {"dataset_iter_state": states.get("dataset_iter"),
+               "fetcher_ended": ended or bool(states.get("ended"))}
+    return {"dataset_state": states.get("dataset"), "fetcher_state": fetcher if iterable else None}
+
+
+def from_torchdata_entry(entry: Any) -> dict[str, Any] | None:
+    """The dataset states that ``torchdata_entry`` laid out (None: it keeps none; where a stream
+    that keeps none ended, the state's ``ended`` list says)."""
+    if not isinstance(entry, dict):
+        return None
+    fetcher = entry.get("fetcher_state") or {}
+    states = {"dataset": entry.get("dataset_state"),
+              "dataset_iter": fetcher.get("dataset_iter_state")}
+    states = {key: value for key, value in states.items() if value is not None}
+    if states and fetcher.get("fetcher_ended"):
+        states["ended"] = True
+    return states or None
 
 
 def next_pass_states(loader: Any, record: PassRecord | None) -> list[dict[str, Any] | None]:
@@ -380,8 +412,12 @@ class Resume:
 def read_state(loader: Any, state: Any) -> Resume | None:
     """Check a saved loader state, place a resumable sampler, and say what the next pass does
     (None: it is an ordinary pass)."""
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise ValueError(f"not a shardwise loader state (version {STATE_VERSION}): {state!r:.200}")
+    if not isinstance(state, dict) or "route" not in state:
+        raise ValueError(f"not a shardwise loader state: {state!r:.200}")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"the state was saved by another version of shardwise (its loader state "
+                         f"version {state.get('version')!r}; this one reads {STATE_VERSION}): "
+                         "resume it with the version that saved it")
     sampler = resumable_sampler(loader)
     route = _route(loader, sampler)
     if state.get("route") != route:
@@ -390,21 +426,20 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                          "dataset and sampler")
     batches, drew = int(state["batches"]), bool(state["drew_base_seed"])
     seed = None if state["base_seed"] is None else int(state["base_seed"])
-    datasets = dict(state.get("dataset_states") or {})
-    workers = list(state.get("worker_states") or [])
-    # A stream's shares, and a Stateful dataset's states, fit only the copies they came from
-    # (a state saved before "streams" was recorded names its workers by their states, if any).
-    # A state saved before "begun" was recorded has every worker begun.
-    streams = state.get("streams", len(workers) if workers or datasets else None)
-    bound = streams is not None and (route == "iterable" or bool(workers or datasets)
-                                   or keeps_states(loader.dataset))
-    begun = state.get("begun", range(worker_streams(loader) if streams is None else streams))
+    datasets = from_torchdata_entry(state) or {}
+    snapshots = (state.get("_snapshot") or {}).get("_worker_snapshots") or {}
+    workers = [from_torchdata_entry(snapshots.get(f"worker_{worker}"))
+               for worker in range(len(snapshots))]
+    # A stream's shares, and a Stateful dataset's states, fit only the copies they came from.
+    streams = int(state["streams"])
+    bound = route == "iterable" or bool(any(workers) or datasets) or keeps_states(loader.dataset)
+    begun = state.get("begun", range(streams))
     common = {"base_seed": seed, "drew_base_seed": drew, "dataset_states": datasets,
               "worker_states": workers, "next_worker": int(state.get("next_worker", 0)),
               "ended": [int(w) for w in state.get("ended", [])],
               "ahead": {int(place): int(count) for place, count in state.get("ahead", [])},
               "begun": {int(w) for w in begun}, "iterable": route == "iterable",
-              "streams": int(streams) if bound else None}
+              "streams": streams if bound else None}
     before = batches - len(common["ahead"])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
