@@ -347,6 +347,39 @@ def test_dataset_states_sit_where_torchdatas_loader_puts_them(workers):
     assert [b.tolist() for b in fresh] == [b.tolist() for b in iterator]
 
 
+class CountsIters(IterableDataset):
+    def __init__(self) -> None:
+        self.iters = 0
+
+    def __iter__(self):
+        self.iters += 1
+        return iter(range(6))
+
+    def state_dict(self) -> dict:
+        return {"iters": self.iters}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iters = state["iters"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_as_a_pass_begins_holds_each_streams_state_after_its_iter(workers):
+    def iters(state):
+        streams = (state["_snapshot"]["_worker_snapshots"].values() if workers else [state])
+        return [stream["dataset_state"]["iters"] for stream in streams]
+
+    loader = DataLoader(CountsIters(), batch_size=2, num_workers=workers)
+    iterator = iter(loader)
+    state = loader.state_dict()
+    assert iters(state) == [1] * max(1, workers)
+    fresh = DataLoader(CountsIters(), batch_size=2, num_workers=workers)
+    fresh.load_state_dict(state)
+    resumed = iter(fresh)
+    # Put back (1), then the one iterator that goes on from there (2), not a second one.
+    assert iters(fresh.state_dict()) == [2] * max(1, workers)
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in iterator]
+
+
 def test_a_state_from_another_version_says_so():
     state = {**DataLoader(Indexed()).state_dict(), "version": 1}
     with pytest.raises(ValueError, match="another version of shardwise .* version 1; this one"):

@@ -41,6 +41,7 @@ from shardwise.loader.position import (
     new_record,
     next_pass_states,
     resumable_sampler,
+    stateful,
 )
 from shardwise.loader.randomness import restore_randomness
 from shardwise.loader.stats import Clock
@@ -233,6 +234,7 @@ class LoaderIterator(_BaseDataLoaderIter):
         if not first:  # the persistent workers' seed
             self._base_seed = self._pool_owner.base_seed
         self.record.base_seed = self._base_seed
+        started: list[dict[str, Any] | None] = []  # new worker processes' states as they began
         if self._num_workers:
             if first:
                 if loader._dataset_kind == _DatasetKind.Iterable:
@@ -241,7 +243,7 @@ class LoaderIterator(_BaseDataLoaderIter):
                               else [True] * self._num_workers)
                 self._pool = self._start_pool(self.record.worker_states, new_passes, restored)
                 if self._processes:
-                    failure = self._pool.wait_started(loader.timeout or None)
+                    failure, started = self._pool.wait_started(loader.timeout or None)
                     # torch draws (and drops) one after starting them: a datapipe's is sent to
                     # every rank, which a rank whose worker_init_fn failed takes part in too.
                     draw_shared_seed(loader)
@@ -266,6 +268,9 @@ class LoaderIterator(_BaseDataLoaderIter):
             self.record.ended = [w for w in resume.ended if w < self._num_workers]
             if resume.within:
                 self.record.begun = set(resume.begun)
+        for worker, states in enumerate(started):
+            if states is not None:  # its copy's, once it made its iterator: it has begun
+                self.record.moved_on(worker, states)
         self._map = loader._dataset_kind == _DatasetKind.Map
         if resume is not None and self._map:  # later batches delivered already are passed over
             self.record.ahead = dict(resume.ahead)
@@ -298,7 +303,8 @@ class LoaderIterator(_BaseDataLoaderIter):
         loader = self._loader
         init_fn = sharding_init_fn(loader.dataset, loader.worker_init_fn)
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
-                          loader.drop_last, init_fn, self._num_workers, loader.prefetch_factor)
+                          loader.drop_last, init_fn, init_fn is not None or stateful(loader.dataset),
+                          self._num_workers, loader.prefetch_factor)
         if loader.worker_type == "thread":
             pool: ProcessPool | ThreadPool = ThreadPool(spec, stream_states)
         else:

@@ -144,7 +144,7 @@ class ProcessPool:
                  ) -> None:
         """``states``: each worker's dataset's to resume from, then on a new pass or not."""
         self.num_workers, self.pin = spec.num_workers, pin
-        self._reporting_start = spec.init_fn is not None  # each worker says it ran init_fn
+        self._reports_start = spec.reports_start
         self._pid = os.getpid()
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
@@ -234,15 +234,18 @@ class ProcessPool:
         if kind == "epoch":
             return Event("epoch", message[1], worker, states=message[2])
         if kind == "started":
-            return Event("started", -1, worker, message[1])
+            return Event("started", -1, worker, message[1], states=message[2])
         raise AssertionError(f"unexpected message {kind!r} from DataLoader worker {worker}")
 
-    def wait_started(self, timeout: float | None) -> ExceptionWrapper | None:
-        """Wait until every worker has run its init function (``worker_init_fn``); the lowest
-        failed worker's error, which ``iter()`` raises, as torchdata's loader does (every
-        report is read: none is left in a persistent worker's pipe)."""
-        waiting = set(range(self.num_workers)) if self._reporting_start else set()
+    def wait_started(self, timeout: float | None
+                     ) -> tuple[ExceptionWrapper | None, list[dict[str, Any] | None]]:
+        """Wait until every worker has started, where they report it (``WorkerSpec``): the
+        lowest failed worker's error, which ``iter()`` raises, as torchdata's loader does (every
+        report is read: none is left in a persistent worker's pipe), and each worker's Stateful
+        dataset's states as it began (None: it keeps none)."""
+        waiting = set(range(self.num_workers)) if self._reports_start else set()
         failures = {}
+        states: list[dict[str, Any] | None] = [None] * self.num_workers
         deadline = None if timeout is None else time.monotonic() + timeout
         while waiting:
             event = self.receive(None if deadline is None else deadline - time.monotonic())
@@ -250,9 +253,10 @@ class ProcessPool:
                 raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for "
                                    f"worker processes {sorted(waiting)} to start")
             waiting.discard(event.worker)
+            states[event.worker] = event.states
             if event.payload is not None:
                 failures[event.worker] = event.payload
-        return failures[min(failures)] if failures else None
+        return (failures[min(failures)] if failures else None), states
 
     def new_epoch(self, shared_seed: int | None, timeout: float | None
                   ) -> list[dict[str, Any] | None]:

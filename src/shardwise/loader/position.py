@@ -210,8 +210,8 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     if batches and not record.finished:
         state["next_worker"] = record.next_worker
         state["ended"] = list(record.ended)
-        if any(worker_states):
-            state["begun"] = sorted(record.begun)
+    if any(worker_states) and not record.finished:
+        state["begun"] = sorted(record.begun)
     if keeper is not None:
         state["end_unseen"] = {"epoch": keeper.epoch}
     return state
@@ -406,7 +406,7 @@ class Resume:
     def new_passes(self, workers: int) -> list[bool]:
         """For each worker, whether its saved states are from before the pass, so that it makes
         a new iterator after putting them back."""
-        return [not self.within or worker not in self.begun for worker in range(workers)]
+        return [worker not in self.begun for worker in range(workers)]
 
 
 def read_state(loader: Any, state: Any) -> Resume | None:
@@ -433,7 +433,7 @@ def read_state(loader: Any, state: Any) -> Resume | None:
     # A stream's shares, and a Stateful dataset's states, fit only the copies they came from.
     streams = int(state["streams"])
     bound = route == "iterable" or bool(any(workers) or datasets) or keeps_states(loader.dataset)
-    begun = state.get("begun", range(streams))
+    begun = state.get("begun", ())
     common = {"base_seed": seed, "drew_base_seed": drew, "dataset_states": datasets,
               "worker_states": workers, "next_worker": int(state.get("next_worker", 0)),
               "ended": [int(w) for w in state.get("ended", [])],

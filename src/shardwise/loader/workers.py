@@ -51,6 +51,9 @@ class WorkerSpec:
     collate_fn: Callable[[Any], Any]
     drop_last: bool
     init_fn: Callable[[int], None] | None
+    # Each worker says it has started: it ran init_fn, or its copy of a Stateful dataset is
+    # kept from the start (its states once it made its iterator, as torchdata keeps them).
+    reports_start: bool
     num_workers: int
     slots: int  # batches a worker may have waiting in the main process: prefetch_factor
 
@@ -159,10 +162,10 @@ class _ProcessWorker:
                 self.fetcher.ended = True
         except Exception:  # noqa: BLE001 - reported with the first task, as torch does
             self.init_failure = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
-        if spec.init_fn is not None:  # the main process waits for this, as torchdata's does
+        if spec.reports_start:  # the main process waits for this, as torchdata's does
             # A failure is raised there at once; a persistent worker then makes its fetcher at
             # the next epoch, as torch's does.
-            send(conn, ("started", self.init_failure))
+            send(conn, ("started", self.init_failure, self._sendable_states()))
             self.init_failure = None
 
     def _new_fetcher(self) -> None:
