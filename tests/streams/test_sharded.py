@@ -194,20 +194,31 @@ def test_ranks_reading_a_stream_with_different_numbers_of_workers_are_stopped():
                for message in said), said
 
 
-def test_a_stream_state_from_another_rank_is_refused_not_read_from_the_start():
-    """A rank's state holds only its own place: another rank would read its share twice."""
-    stream = shard_iterable(shards=shards_of([3, 4, 5, 6]), rank=0, world_size=2)
-    items = iter(stream)
-    next(items)
-    state = stream.state_dict()
-    other = shard_iterable(shards=shards_of([3, 4, 5, 6]), rank=1, world_size=2)
-    other.load_state_dict(state)
-    with pytest.raises(ValueError, match="holds the place of rank 0's reading of the stream, "
-                                         "not of rank 1's"):
-        next(iter(other))
-    same = shard_iterable(shards=shards_of([3, 4, 5, 6]), rank=0, world_size=2)
-    same.load_state_dict(state)
-    assert list(same) == list(items)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("sizes", [[3, 4, 5, 6, 2, 7, 1, 5], [40]])  # whole shards; every C-th
+def test_every_rank_resumes_from_rank_0s_loader_state_as_lightning_saves_it(workers, sizes):
+    """Lightning saves rank 0's loader state for all ranks; ranks training together took as
+    many batches each, so each goes on after as many items of its own share."""
+    def loader(rank):
+        stream = shard_iterable(shards=shards_of(sizes), rank=rank, world_size=2)
+        return DataLoader(stream, batch_size=2, num_workers=workers)
+
+    def items(batch):
+        shards, places = batch
+        return list(zip(shards.tolist(), places.tolist()))
+
+    seen, states = Counter(), []
+    for rank in (0, 1):
+        training = loader(rank)
+        iterator = iter(training)
+        seen.update(item for _ in range(3) for item in items(next(iterator)))
+        states.append(training.state_dict())
+    for rank in (0, 1):
+        resumed = loader(rank)
+        resumed.load_state_dict(states[0])
+        seen.update(item for batch in resumed for item in items(batch))
+    assert seen == everything(sizes)  # each item once, on one rank
 
 
 def test_shards_are_named_alike_on_every_rank_by_what_they_read(tmp_path):
@@ -235,13 +246,17 @@ def test_a_state_is_refused_by_another_number_of_workers_or_a_shorter_shard_list
     with pytest.raises(ValueError, match="saved by 1 consumers .* this pass has 2"):
         list(TorchLoader(resumed, batch_size=None, num_workers=2))
     shorter = shard_iterable(shards=shards_of([3]), rank=0, world_size=1)
-    shorter.load_state_dict({**state, "progress": {"0": [4, 0]}})
+    shorter.load_state_dict({**state, "progress": {"0": [4, 0, 9]}})
     with pytest.raises(ValueError, match="consumer 0 read 4 shards, but it has 1"):
         list(shorter)
     with pytest.raises(TypeError, match="is the dict state_dict\\(\\) gave, got list"):
         shorter.load_state_dict([state])
     with pytest.raises(TypeError, match="no 'progress'"):
         shorter.load_state_dict({key: v for key, v in state.items() if key != "progress"})
+    with pytest.raises(TypeError, match="each \\[shard, offset, items read\\]"):
+        shorter.load_state_dict({**state, "progress": {"0": [0, 1]}})  # one of version 1
+    with pytest.raises(ValueError, match="another version of shardwise"):
+        shorter.load_state_dict({**state, "version": 1})
 
 
 def test_a_shard_that_refuses_its_length_is_named_by_its_type():

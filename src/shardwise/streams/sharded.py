@@ -9,11 +9,17 @@ dataset) is split over every consumer of the job: ``rank * num_workers + worker`
 - fewer shards, or a plain stream: every consumer reads the items in order and keeps items
   ``c, c + C, ...`` (each reads everything; nothing is kept twice).
 
-Progress is kept as (shard, offset) per consumer, so ``state_dict()`` resumes mid-stream, mid-shard
-without reading the shards already done, on as many ranks and workers. torchdata's
-``StatefulDataLoader`` saves and restores it per worker; with no workers it is this object's own. Each new pass starts from the beginning,
-but the first pass after ``load_state_dict``. Pass a stream that can be iterated again (a list,
-a dataset; not a one-off generator), or, for one that must be reopened, ``shards=[open_it]``.
+Progress is kept as (shard, offset, items read) per consumer, so ``state_dict()`` resumes
+mid-stream, mid-shard without reading the shards already done, on as many ranks and workers.
+torchdata's ``StatefulDataLoader`` saves and restores it per worker; with no workers it is this
+object's own. Each new pass starts from the beginning, but the first pass after
+``load_state_dict``. Pass a stream that can be iterated again (a list, a dataset; not a one-off
+generator), or, for one that must be reopened, ``shards=[open_it]``.
+
+A state holds its own rank's places. A rank given another rank's (Lightning saves rank 0's
+loader state for every rank) goes on after as many items of its own share as the saved rank's
+consumer with its worker number had read: ranks training together take as many batches each.
+It reads them again to find its place.
 
 Ranks given different shard lists (another order, one more file) would read some shards twice and
 others never: ``config()`` and ``fingerprint()`` describe the list, so ``check_consistent`` (and
@@ -36,7 +42,7 @@ from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import digest
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: each consumer's items read in the pass, too
 Shard = Iterable[Any] | Callable[[], Iterable[Any]]
 
 
@@ -65,9 +71,10 @@ class ShardedIterable(IterableDataset):
         self.world_size, self.rank = resolve_world(world_size, rank)
         self.shards = list(shards) if shards is not None else [iterable]
         self.streamed = shards is None
-        # consumer -> (its shard number, items read in it): this pass's, and a loaded one's
-        self._progress: dict[int, tuple[int, int]] = {}
-        self._resume: dict[int, tuple[int, int]] = {}
+        # consumer -> (its shard number, items read in it, items read in the pass): this
+        # pass's, and a loaded one's
+        self._progress: dict[int, tuple[int, int, int]] = {}
+        self._resume: dict[int, tuple[int, int, int]] = {}
         self._consumers: int | None = None  # of the pass begun here, or of a loaded state
 
     def consumer(self) -> tuple[int, int]:
@@ -87,34 +94,44 @@ class ShardedIterable(IterableDataset):
                 f"the state was saved by {self._consumers} consumers (ranks x DataLoader "
                 f"workers) but this pass has {consumers}: resume with as many workers, or the "
                 "stream would read some items twice and others never")
-        if self._resume and me not in self._resume:
-            workers = consumers // self.world_size
-            saved = sorted({c // workers for c in self._resume})
-            raise ValueError(
-                f"the state holds the place of rank {', '.join(map(str, saved))}'s reading of "
-                f"the stream, not of rank {self.rank}'s: a stream's state is its own rank's "
-                "(each rank reads other shards), so save one on every rank and load each rank's "
-                "own, or begin the epoch anew; this rank would read its share again from its start")
         self._consumers = consumers
         whole = self.by_shard(consumers)
         # Whole shards, round-robin; or every shard, keeping every C-th item (rotated per shard
         # so short shards do not all favour the first consumers).
         mine = range(me, len(self.shards), consumers) if whole else range(len(self.shards))
-        first, offset = self._resume.pop(me, (0, 0))  # each pass starts afresh, unless resumed
+        first, offset, read, passed = self._place(me, consumers)
         if first > len(mine):
             raise ValueError(f"the state says consumer {me} read {first} shards, but it has "
                              f"{len(mine)}: was it saved with another shard list?")
-        self._progress[me] = (first, offset)
+        self._progress[me] = (first, offset, read)
         for number in range(first, len(mine)):
             items = _open(self.shards[mine[number]])
             if not whole:
                 items = islice(items, (me - mine[number]) % consumers, None, consumers)
             for item in islice(items, offset, None):
                 offset += 1
-                self._progress[me] = (number, offset)
-                yield item
+                read += 1
+                self._progress[me] = (number, offset, read)
+                if read > passed:
+                    yield item
             offset = 0
-            self._progress[me] = (number + 1, 0)
+            self._progress[me] = (number + 1, 0, read)
+
+    def _place(self, me: int, consumers: int) -> tuple[int, int, int, int]:
+        """Where consumer ``me`` starts this pass: its shard number, the items read in that
+        shard and in the pass, and how many items of the pass it passes over (read again)."""
+        if not self._resume:  # each pass starts afresh, unless resumed
+            return 0, 0, 0, 0
+        if me in self._resume:
+            return (*self._resume.pop(me), 0)
+        # Another rank's state: its consumer with this one's worker number had read as many.
+        workers = consumers // self.world_size
+        twin = min(self._resume, key=lambda consumer: (consumer % workers != me % workers,
+                                                       consumer))
+        if twin % workers != me % workers:
+            raise ValueError(f"the state holds no place of a consumer with worker number "
+                             f"{me % workers}: load a state this loader saved")
+        return 0, 0, 0, self._resume.pop(twin)[2]
 
     def state_dict(self) -> dict[str, Any]:
         """Each consumer's (shard number among its shards, items read in it): resumes mid-shard."""
@@ -127,19 +144,24 @@ class ShardedIterable(IterableDataset):
         if not isinstance(state, Mapping):
             raise TypeError(f"a ShardedIterable state is the dict state_dict() gave, got "
                             f"{type(state).__name__}")
-        if state.get("version") != STATE_VERSION or state.get("world_size") != self.world_size:
-            raise ValueError(f"the state was saved by {state.get('world_size')!r} ranks (version "
-                             f"{state.get('version')!r}); this stream is split over "
-                             f"{self.world_size}: resume it on as many ranks")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"the state was saved by another version of shardwise (its stream "
+                             f"state version {state.get('version')!r}; this one reads "
+                             f"{STATE_VERSION}): resume it with the version that saved it")
+        if state.get("world_size") != self.world_size:
+            raise ValueError(f"the state was saved by {state.get('world_size')!r} ranks; this "
+                             f"stream is split over {self.world_size}: resume it on as many ranks")
         progress, consumers = state.get("progress"), state.get("consumers")
-        if not isinstance(progress, Mapping):
-            raise TypeError("the state has no 'progress' of its consumers: pass what "
-                            "state_dict() gave")
+        if not isinstance(progress, Mapping) or not all(
+                isinstance(place, (list, tuple)) and len(place) == 3 for place in progress.values()):
+            raise TypeError("the state has no 'progress' of its consumers, each [shard, offset, "
+                            "items read]: pass what state_dict() gave")
         self._resume = {int(c): (require_int("saved shard", p[0], minimum=0),
-                                 require_int("saved offset", p[1], minimum=0))
+                                 require_int("saved offset", p[1], minimum=0),
+                                 require_int("saved items read", p[2], minimum=0))
                         for c, p in progress.items()}
         self._progress = dict(self._resume)
-        # States saved before the count was kept have none: they are taken on trust.
+        # None: saved before any pass began.
         self._consumers = None if consumers is None else require_int(
             "saved consumers", consumers, minimum=1)
 
