@@ -173,8 +173,9 @@ def test_agreeing_ranks_over_torchs_sampler_are_not_refused():
                                                                    "rank 1 agreed"]
 
 
-def _one_rank_alone() -> list[int]:
-    sampler = TorchDistributedSampler(Rows(), shuffle=False)
+def _one_rank_alone(sampler_for_one: bool) -> list[int]:
+    sampler = (DistributedSampler(Rows(), num_replicas=1, rank=0, shuffle=False)
+               if sampler_for_one else TorchDistributedSampler(Rows(), shuffle=False))
     taken = []
     if dist.get_rank() == 0:  # a look at a few batches, on one rank only
         taken = next(iter(DataLoader(Rows(), batch_size=4, sampler=sampler)))["index"].tolist()
@@ -184,7 +185,12 @@ def _one_rank_alone() -> list[int]:
 
 @pytest.mark.timeout(120)
 def test_by_default_torchs_sampler_is_left_alone_so_one_rank_may_iterate_alone():
-    assert spawn_local(_one_rank_alone, 2, timeout=60) == [[0, 2, 4, 6], []]
+    assert spawn_local(_one_rank_alone, 2, False, timeout=60) == [[0, 2, 4, 6], []]
+
+
+@pytest.mark.timeout(120)
+def test_a_sampler_for_one_replica_splits_nothing_so_one_rank_may_evaluate_alone():
+    assert spawn_local(_one_rank_alone, 2, True, timeout=60) == [[0, 1, 2, 3], []]
 
 
 def test_verify_is_none_true_or_false():

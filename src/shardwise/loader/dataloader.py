@@ -322,6 +322,8 @@ def _checked_sampler(loader: DataLoader, torch_samplers: bool) -> Any | None:
     if getattr(stream, "world_size", 1) == 1:
         stream = None  # split over workers only (rank 0 evaluating alone, say): nothing to compare
     for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None), stream):
+        if getattr(sampler, "num_replicas", None) == 1 and not torch_samplers:
+            return None  # it splits nothing over the ranks (rank 0 evaluating alone, say)
         if callable(getattr(sampler, "config", None)) and callable(
                 getattr(sampler, "fingerprint", None)):
             return _ReadStream(sampler, worker_streams(loader)) if sampler is stream else sampler
