@@ -205,3 +205,24 @@ def test_config_and_fingerprint_tell_configurations_apart():
         assert other.fingerprint() != base.fingerprint()
     huge = [DistributedSampler(2**63 - 1, 8, 0, seed=seed, permutation="feistel") for seed in (0, 1)]
     assert huge[0].fingerprint() != huge[1].fingerprint()
+
+
+def test_uneven_ranks_each_resumed_from_their_own_state_at_the_end_agree():
+    # Shares of 21 and 20: in step, each took 20; the short rank's state says every rank
+    # finished, the long rank's that it has one left. Both are right, and the ranks agree.
+    resumed = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(41, 2, rank, seed=1, remainder="uneven")
+        state = sampler.state_dict(consumed=20)
+        again = DistributedSampler(41, 2, rank, seed=1, remainder="uneven")
+        again.load_state_dict(state)
+        again.set_epoch(0)
+        resumed.append(again)
+    assert [len(list(sampler)) for sampler in resumed] == [1, 0]
+    assert resumed[0].config() == resumed[1].config()
+    assert resumed[0].fingerprint() == resumed[1].fingerprint()
+    ahead = DistributedSampler(41, 2, 0, seed=1, remainder="uneven")
+    ahead.load_state_dict(DistributedSampler(41, 2, 0, seed=1, remainder="uneven")
+                          .state_dict(consumed=10))
+    ahead.set_epoch(0)
+    assert ahead.fingerprint() != resumed[0].fingerprint()  # ranks far apart still disagree

@@ -265,7 +265,12 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         points = sorted({i * last // steps for i in range(_FINGERPRINT_POINTS)}) if self.size else []
         values = self._order_of(self.epoch).take(np.array(points, dtype=np.int64)).tolist()
         bounds = [bound for interval in self._at.segments.intervals for bound in interval]
-        return mix_ints(self.size, *values, *bounds, self._at.offset)
+        offset = self._at.offset
+        if self.remainder == "uneven":  # a short rank that finished records the long ranks'
+            # count (see state_dict): ranks that each resumed from their own state agree
+            offset = min(offset, rank_count(self._at.segments.length, self.num_replicas,
+                                            self.num_replicas - 1, self.remainder))
+        return mix_ints(self.size, *values, *bounds, offset)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
