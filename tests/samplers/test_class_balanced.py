@@ -92,13 +92,17 @@ def test_resume_continues_the_stream_exactly():
 
 
 @pytest.mark.parametrize("change,field", [({"num_replicas": 3, "rank": 0}, "num_replicas"),
-                                          ({"seed": 4}, "seed")])
+                                          ({"seed": 4}, "seed"),
+                                          ({"labels": make_labels([5, 10])}, "labels_digest")])
 def test_a_state_from_another_configuration_is_refused(change, field):
     labels = make_labels([10, 5])
     state = ClassBalancedSampler(labels, 2, 1, seed=3).state_dict()
-    options = {"num_replicas": 2, "rank": 1, "seed": 3, **change}
+    options = {"labels": labels, "num_replicas": 2, "rank": 1, "seed": 3, **change}
     with pytest.raises(ValueError, match=f"saved with {field}="):
-        ClassBalancedSampler(labels, **options).load_state_dict(state)
+        ClassBalancedSampler(**options).load_state_dict(state)
+    without_epoch = {key: value for key, value in state.items() if key != "epoch"}
+    with pytest.raises(ValueError, match="not a shardwise sampler state: missing epoch"):
+        ClassBalancedSampler(labels, 2, 1, seed=3).load_state_dict(without_epoch)
 
 
 @pytest.mark.parametrize("labels,error,message", [

@@ -83,6 +83,24 @@ def test_resume_continues_exactly(replacement):
     resumed = WeightedDistributedSampler(weights, 40, replacement, num_replicas=2, rank=1, seed=5)
     resumed.load_state_dict(state)
     assert list(resumed) == rest
+    other = WeightedDistributedSampler(weights[::-1].copy(), 40, replacement, num_replicas=2,
+                                       rank=1, seed=5)
+    with pytest.raises(ValueError, match="saved with weights_digest=.* build the sampler over "
+                                         "the weights it was saved with"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_every_seed_and_epoch_draws_its_own_stream(replacement):
+    def stream(seed, epoch):
+        sampler = WeightedDistributedSampler(np.ones(50), 20, replacement, num_replicas=1,
+                                             rank=0, seed=seed)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    # NumPy's seed sequences take 2**32 + 5 as the words 5, 1: as 5 and then the epoch 1
+    assert stream(2**32 + 5, 0) != stream(5, 1)
+    assert stream(0, 2**32) != stream(0, 0)
 
 
 @pytest.mark.parametrize("weights,options,message", [

@@ -131,6 +131,10 @@ class ClassBalancedSampler(RankStreamSampler):
                 "epoch": self.epoch, "classes": len(self.classes),
                 "num_replicas": self.num_replicas, "num_samples": self.num_samples}
 
+    def drawn_from(self) -> dict[str, str]:
+        """The labels' digest, which a saved state must match."""
+        return {"labels_digest": f"{self._labels_digest:#018x}"}
+
     def fingerprint(self) -> int:
         """A digest of all the labels, and the position."""
         return mix_ints(self._labels_digest, self._at.offset)

@@ -15,7 +15,7 @@ from torch.utils.data import DistributedSampler as TorchDistributedSampler
 from shardwise.checks import require_int
 from shardwise.samplers.passes import EpochSampler
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: with the digest of the labels or weights drawn from
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,11 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
         """The settings a saved state must match (and that ``check_consistent`` compares)."""
         raise NotImplementedError
 
+    def drawn_from(self) -> dict[str, str]:
+        """A digest of what the streams draw from (every label, every weight), which a saved
+        state must match too: ``{name: hex digest}``."""
+        raise NotImplementedError
+
     def _start_of(self, epoch: int) -> StreamPosition:
         return StreamPosition(epoch, 0)
 
@@ -62,18 +67,26 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
         used = self._used()[0] if consumed is None else require_int("consumed", consumed, minimum=0)
         if used > share:
             raise ValueError(f"consumed={used} but this rank's pass has only {share} samples")
-        return {"version": STATE_VERSION, **self.config(), "consumed": self._at.offset + used}
+        return {"version": STATE_VERSION, **self.config(), **self.drawn_from(),
+                "consumed": self._at.offset + used}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the saved epoch at the saved stream position (on the same world size)."""
         if not isinstance(state, Mapping):
             raise TypeError(f"a sampler state is a dict, got {type(state).__name__}")
-        expected = {"version": STATE_VERSION, **self.config(), "epoch": state.get("epoch")}
+        missing = [key for key in ("version", "epoch", "consumed") if key not in state]
+        if missing:
+            raise ValueError(f"not a shardwise sampler state: missing {', '.join(missing)}")
+        drawn_from = self.drawn_from()
+        expected = {"version": STATE_VERSION, **self.config(), **drawn_from,
+                    "epoch": state["epoch"]}
         for key, value in expected.items():
             if state.get(key) != value:
+                hint = (f"build the sampler over the {key.split('_')[0]} it was saved with"
+                        if key in drawn_from else self._RESUME_HINT)
                 raise ValueError(
                     f"the state was saved with {key}={state.get(key)!r} but this sampler has "
-                    f"{key}={value!r}; {self._RESUME_HINT}")
+                    f"{key}={value!r}; {hint}")
         epoch = self._checked_epoch(state["epoch"])
         consumed = require_int("saved consumed", state.get("consumed"), minimum=0)
         if consumed > self.num_samples:

@@ -85,15 +85,14 @@ class WeightedDistributedSampler(RankStreamSampler):
 
     def _stream_seed(self, epoch: int) -> np.random.SeedSequence:
         """This rank's child of the epoch's root seed: children of one root never coincide."""
-        root = [self.seed % 2**64, epoch % 2**64]
-        return np.random.SeedSequence(root, spawn_key=(self.rank,))
+        return np.random.SeedSequence(_words(self.seed, epoch), spawn_key=(self.rank,))
 
     def _permutation(self, epoch: int) -> np.ndarray:
         """The epoch's global weighted permutation: the same on every rank (exponential keys)."""
         if self._cached_permutation is None or self._cached_permutation[0] != epoch:
             self._cached_permutation = None
             uniform = np.random.Generator(np.random.PCG64(
-                np.random.SeedSequence([self.seed % 2**64, epoch % 2**64]))).random(
+                np.random.SeedSequence(_words(self.seed, epoch)))).random(
                 len(self.weights))
             # Exponential keys of rate w, -log(1 - u) / w, compared by their logarithms: a
             # tiny weight's key stays finite there instead of tying with zero weights' (inf).
@@ -111,9 +110,24 @@ class WeightedDistributedSampler(RankStreamSampler):
                 "seed": self.seed, "epoch": self.epoch, "num_samples": self.num_samples,
                 "replacement": self.replacement, "num_replicas": self.num_replicas}
 
+    def drawn_from(self) -> dict[str, str]:
+        """The weights' digest, which a saved state must match."""
+        return {"weights_digest": f"{self._weights_digest:#018x}"}
+
     def fingerprint(self) -> int:
         """A digest of all the weights, and the position."""
         return mix_ints(self._weights_digest, self._at.offset)
+
+
+def _words(seed: int, epoch: int) -> list[int]:
+    """``(seed, epoch)`` as four 32-bit words: NumPy's ``SeedSequence`` takes each number as its
+    own words, as few as it needs, so ``[2**32 + 5, 0]`` and ``[5, 1]`` would seed alike.
+
+    >>> _words(2**32 + 5, 0), _words(5, 1)
+    ([5, 1, 0, 0], [5, 0, 1, 0])
+    """
+    return [word for value in (seed % 2**64, epoch % 2**64)
+            for word in (value & 0xFFFFFFFF, value >> 32)]
 
 
 def _checked_weights(weights: Any) -> np.ndarray:
