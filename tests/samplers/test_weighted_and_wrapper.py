@@ -173,6 +173,20 @@ def test_wrapper_resumes_elastically():
     assert sorted(trained) == list(range(50))
 
 
+def test_a_wrapped_order_that_does_not_follow_the_epoch_is_refused_on_resume():
+    def inner():  # seeded once: epoch 1's order is its second draw, which a fresh one lacks
+        return RandomSampler(range(20), generator=torch.Generator().manual_seed(0))
+
+    wrapper = DistributedSamplerWrapper(inner(), 2, 0)
+    list(wrapper)  # epoch 0
+    wrapper.set_epoch(1)
+    list(islice(iter(wrapper), 3))
+    state = wrapper.state_dict()
+    with pytest.raises(ValueError, match="yields another order for epoch 1 than it did when the "
+                                         "state was saved .* give the RandomSampler a set_epoch"):
+        DistributedSamplerWrapper(inner(), 2, 0).load_state_dict(state)
+
+
 def _wrapped_on_every_rank(seeded: bool) -> str:
     generator = torch.Generator().manual_seed(0) if seeded else None
     if not seeded:

@@ -10,11 +10,12 @@ rank's inner sampler yields the same order: a ``RandomSampler`` seeded different
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable, Mapping, Sized
 from typing import Any
 
 import numpy as np
 
+from shardwise.mix import digest
 from shardwise.samplers.distributed import DistributedSampler
 
 
@@ -32,12 +33,18 @@ class ListOrder:
     def take(self, positions: np.ndarray) -> np.ndarray:
         return self._samples[positions]
 
+    def digest(self) -> str:
+        """A digest of the whole order, as a saved state keeps it."""
+        return f"{digest(self._samples):#018x}"
+
 
 class DistributedSamplerWrapper(DistributedSampler):
     """Split what ``sampler`` yields each epoch over ``num_replicas`` ranks.
 
     ``set_epoch`` reaches the inner sampler (when it has one) before it is iterated for an epoch.
-    Resuming needs an inner sampler that yields the same order for the same epoch.
+    Resuming needs an inner sampler that yields the same order for the same epoch: a state
+    keeps a digest of the epoch's order, and a resume whose inner sampler yields another is
+    refused.
 
     >>> from torch.utils.data import WeightedRandomSampler
     >>> import torch
@@ -80,3 +87,22 @@ class DistributedSamplerWrapper(DistributedSampler):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "sampler": type(self.sampler).__qualname__}
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        state = super().state_dict(consumed)
+        # The order drawn for the saved epoch, if drawn: drawing it only for the state would
+        # move on a generator that the next epoch draws from.
+        if self._cached_order is not None and self._cached_order[0] == state["epoch"]:
+            state["order_digest"] = self._cached_order[1].digest()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        saved = state.get("order_digest")
+        if saved is not None and (drawn := self._order_of(state["epoch"]).digest()) != saved:
+            name = type(self.sampler).__name__
+            raise ValueError(
+                f"the wrapped {name} yields another order for epoch {state['epoch']} than it "
+                f"did when the state was saved (digest {drawn}, saved {saved}): resuming needs "
+                f"an order that follows the epoch alone, so give the {name} a set_epoch, or a "
+                "generator seeded from the epoch")
