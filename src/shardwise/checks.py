@@ -30,14 +30,16 @@ def require_int(
 
 
 def require_bool(name: str, value: object) -> bool:
-    """``value`` as a ``bool`` (a NumPy bool too); anything else, ``"False"`` included, is refused.
+    """``value`` as a ``bool``: a bool, a NumPy bool, or the integer 0 or 1 (as a config file
+    may give it, and torch takes); anything else, ``"False"`` included, is refused.
 
-    >>> require_bool("shuffle", np.bool_(False))
-    False
+    >>> require_bool("shuffle", np.bool_(False)), require_bool("drop_last", 1)
+    (False, True)
     """
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
-    return bool(value)
+    if isinstance(value, (bool, np.bool_)) or (
+            isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
 
 
 def require_choice(name: str, value: object, choices: Sequence[str]) -> str:

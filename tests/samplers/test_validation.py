@@ -20,6 +20,7 @@ TOP = 2**63 - 1
         ({"remainder": 0}, ValueError, "unknown remainder 0"),
         ({"remainder": False}, ValueError, "unknown remainder False"),
         ({"shuffle": "False"}, TypeError, "shuffle must be a bool, got 'False'"),
+        ({"drop_last": 2}, TypeError, "drop_last must be a bool, got 2"),
         ({"num_replicas": np.int64(0), "rank": 0}, ValueError, "at least 1, got 0"),
         ({"rank": np.int32(4)}, ValueError, "Invalid rank 4"),
     ],
@@ -32,7 +33,7 @@ def test_bad_arguments_are_named(kwargs, error, message):
 
 def test_numpy_integers_are_ints_everywhere():
     sampler = DistributedSampler(np.int64(10), np.int64(4), np.int32(1), seed=np.uint64(3),
-                                 shuffle=np.bool_(True))
+                                 shuffle=np.bool_(True), drop_last=0)
     sampler.set_epoch(np.int64(2))
     reference = DistributedSampler(10, 4, 1, seed=3)
     reference.set_epoch(2)
@@ -79,6 +80,9 @@ def good_state():
         ({"remainder": None}, ValueError, "unknown saved remainder None"),
         ({"version": 2}, ValueError, "version 2 is not 1"),
         ({"size": 41}, ValueError, "saved with size=41"),
+        ({"size": 40.0}, ValueError, "saved with size=40.0"),
+        ({"seed": 7.0}, ValueError, "saved with seed=7.0"),
+        ({"version": True}, ValueError, "version True is not 1"),
     ],
 )
 def test_every_field_of_a_state_is_checked(change, error, message):

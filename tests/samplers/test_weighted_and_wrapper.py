@@ -114,6 +114,15 @@ def test_bad_weights_are_named(weights, options, message):
         WeightedDistributedSampler(weights, **arguments)
 
 
+def test_weights_are_numbers_of_any_dtype_torch_takes():
+    with pytest.raises(TypeError, match="weights must be numbers, got <U1 values"):
+        WeightedDistributedSampler(["1", "3"], 1, num_replicas=1, rank=0)
+    expected = list(WeightedDistributedSampler([1.0, 3.0], 8, num_replicas=1, rank=0))
+    for weights in (torch.tensor([1.0, 3.0], dtype=torch.bfloat16), torch.tensor([1, 3]),
+                    np.array([1.0, 3.0], dtype=np.float16), [1, 3]):
+        assert list(WeightedDistributedSampler(weights, 8, num_replicas=1, rank=0)) == expected
+
+
 def test_extreme_weights_draw_only_positive_weights_and_differences_are_seen():
     huge = WeightedDistributedSampler([1e308, 1e308, 0.0, 1e308], 3000, num_replicas=1, rank=0)
     counts = Counter(huge)  # the sum overflows a float

@@ -131,9 +131,12 @@ def _words(seed: int, epoch: int) -> list[int]:
 
 
 def _checked_weights(weights: Any) -> np.ndarray:
-    if isinstance(weights, torch.Tensor):
-        weights = weights.detach().cpu().numpy()
-    values = np.asarray(weights, dtype=np.float64)
+    if isinstance(weights, torch.Tensor):  # (in float64 first: NumPy has no bfloat16)
+        weights = weights.detach().cpu().to(torch.float64).numpy()
+    values = np.asarray(weights)
+    if values.dtype.kind not in "biuf":  # NumPy would read "1" as 1.0; torch refuses it too
+        raise TypeError(f"weights must be numbers, got {values.dtype} values")
+    values = values.astype(np.float64)
     if values.ndim != 1 or values.size == 0:
         raise ValueError(f"weights must be a non-empty 1-D sequence, got shape {values.shape}")
     bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
