@@ -155,3 +155,15 @@ def test_set_epoch_with_the_epoch_of_a_live_pass_leaves_it_counting():
     assert sampler.state_dict()["consumed"] == 6  # not cut loose: a checkpoint sees the pass
     assert taken + list(iterator) == torch_epoch(40, 2, 1, 0, seed=3)
     assert list(sampler) == torch_epoch(40, 2, 1, 0, seed=3)  # the next pass: epoch 0 whole
+
+
+def test_set_epoch_after_a_resumed_pass_ran_out_describes_the_whole_epoch():
+    saved = DistributedSampler(20, 2, 0, seed=1)
+    list(islice(iter(saved), 3))
+    sampler = DistributedSampler(20, 2, 0, seed=1)
+    sampler.load_state_dict(saved.state_dict())
+    sampler.set_epoch(0)
+    assert len(list(sampler)) == 7  # the rest of epoch 0
+    sampler.set_epoch(0)  # epoch 0 again, whole, and said so before the pass begins
+    assert sampler.pass_length == 10 == len(sampler.indices())
+    assert list(sampler) == torch_epoch(20, 2, 0, 0, seed=1)

@@ -86,8 +86,8 @@ class EpochSampler(Sampler[int]):
         epoch = self._checked_epoch(epoch)
         if self._ended is not None and epoch == self._ended[0].epoch:
             self._stand_at(self._ended[0])
-        elif epoch != self._at.epoch:
-            self._stand_at(self._start_of(epoch))
+        elif epoch != self._at.epoch or (self._active is not None and self._active.finished):
+            self._stand_at(self._start_of(epoch))  # (a pass that ran out: its epoch anew)
         # The epoch already standing: a pass begun in it goes on counting (Lightning and
         # torchdata's loader make the pass before set_epoch), and the next pass starts it whole.
         self._chosen = True
