@@ -80,6 +80,32 @@ def test_a_batch_larger_than_the_slot_asks_for_a_larger_one():
     assert_same(big, round_trip(big, size=bytes_needed([big])))
 
 
+def test_a_large_pickle_travels_in_the_slot_too():
+    batch = {"names": [f"sample-{i}" for i in range(20_000)], "x": torch.arange(5)}
+    data, _ = flatten(batch)
+    assert isinstance(data, int)  # only its length goes through the pipe
+    assert_same(batch, round_trip(batch))
+
+
+@pytest.mark.timeout(60)
+def test_long_index_lists_and_large_pickled_batches_do_not_wait_on_each_other():
+    # Each task is a long list of indices, each batch a large pickle: with both through the
+    # pipes, the worker would block writing its batch while the main process blocks writing
+    # the worker its next task.
+    from shardwise import DataLoader
+
+    class Names(torch.utils.data.Dataset):
+        def __len__(self):
+            return 200_000
+
+        def __getitem__(self, index):
+            return f"sample-{index}"
+
+    batches = list(DataLoader(Names(), batch_size=50_000, num_workers=1))
+    assert [len(batch) for batch in batches] == [50_000] * 4
+    assert batches[3][-1] == "sample-199999"
+
+
 def test_default_collation_writes_straight_into_the_slot():
     slot = SharedSlot(1 << 20)
     collate = SlotCollate()

@@ -6,8 +6,8 @@ slot has a name, so nothing is left in ``/dev/shm`` when a process dies, and ``/
 limit (64 MiB in a default Docker container) does not apply. A batch's tensors and NumPy arrays
 are written into a slot (default collation stacks them there directly, so they are written once);
 only a small message travels through the pipe: the batch pickled as torch's workers pickle it,
-with each array replaced by where it lies in the slot. The main process copies the arrays out
-and hands the slot back.
+with each array replaced by where it lies in the slot (a large pickle lies in the slot too).
+The main process copies the arrays out and hands the slot back.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from torch._tensor import _rebuild_from_type_v2
 
 ALIGN = 64  # every array starts on a cache line, so any dtype can be viewed in place
 HEADER = ALIGN  # a slot's first bytes: the flag that it holds a batch
+# A batch pickled larger than this (thousands of strings, say) travels in its slot too: a pipe
+# that full blocks the worker writing it, and the main process writing the worker a long list of
+# indices would wait for the worker to read it, each waiting for the other.
+PIPED_BYTES = 1 << 16
 Array = torch.Tensor | np.ndarray
 
 
@@ -147,9 +151,10 @@ class Arena:
         return None if start is None else self.slot.bytes(start, count).view(dtype).view(shape)
 
 
-def flatten(batch: Any) -> tuple[bytes, list[Array]]:
+def flatten(batch: Any) -> tuple[bytes | int, list[Array]]:
     """``batch`` pickled, with each plain CPU tensor or numeric NumPy array left out: in its place
-    the pickle holds a :data:`Placed` reference, and the arrays are returned to be packed.
+    the pickle holds a :data:`Placed` reference, and the arrays are returned to be packed. A
+    pickle over :data:`PIPED_BYTES` is packed too, as the last array, and only its length given.
 
     Everything else is pickled as torch's workers pickle it, so containers, dataclasses,
     namedtuples and array subclasses come back as they were; an array that appears twice comes
@@ -158,11 +163,16 @@ def flatten(batch: Any) -> tuple[bytes, list[Array]]:
     >>> data, arrays = flatten({"x": torch.ones(2), "name": ["a", "b"]})
     >>> type(data).__name__, len(arrays)
     ('bytes', 1)
+    >>> data, arrays = flatten(["a"] * PIPED_BYTES)
+    >>> data == arrays[-1].nbytes, len(arrays)
+    (True, 1)
     """
     out = io.BytesIO()
     pickler = _ArrayPickler(out)
     pickler.dump(batch)
-    return out.getvalue(), pickler.arrays
+    if out.tell() <= PIPED_BYTES:
+        return out.getvalue(), pickler.arrays
+    return out.tell(), [*pickler.arrays, np.frombuffer(out.getbuffer(), np.uint8).copy()]
 
 
 class _ArrayPickler(pickle.Pickler):
@@ -266,17 +276,22 @@ def bytes_needed(arrays: list[Array]) -> int:
     return total
 
 
-def unpack(data: bytes, offsets: list[int], slot: SharedSlot, pin: bool = False) -> Any:
+def unpack(data: bytes | int, offsets: list[int], slot: SharedSlot, pin: bool = False) -> Any:
     """The batch :func:`flatten` pickled, its arrays copied out of ``slot`` into memory of their
-    own.
+    own (and the pickle itself, where only its length came).
 
     With ``pin`` the tensors land in page-locked memory, ready for an asynchronous copy to a GPU.
     """
+    if isinstance(data, int):
+        pickled = np.empty(data, np.uint8)
+        slot.copy_out(offsets[-1], data, pickled.ctypes.data)
+        data, offsets = pickled.data, offsets[:-1]
     return _ArrayUnpickler(data, offsets, slot, pin).load()
 
 
 class _ArrayUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, offsets: list[int], slot: SharedSlot, pin: bool) -> None:
+    def __init__(self, data: bytes | memoryview, offsets: list[int], slot: SharedSlot,
+                 pin: bool) -> None:
         super().__init__(io.BytesIO(data))
         self._offsets, self._slot, self._pin = offsets, slot, pin
         self._restored: dict[int, Array] = {}
