@@ -30,6 +30,7 @@ from shardwise.loader.pools import (
     Event,
     ProcessPool,
     ThreadPool,
+    TimedOut,
     Workers,
     WorkersLate,
     start_method_context,
@@ -89,6 +90,7 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._stop_stages = weakref.finalize(self, _close_stages, self._stages)
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
         self._closed = False
+        self._stopped_by: str | None = None  # what stopped the pass before its end
         self._taken: Resume | None = None  # the loaded state this pass resumes
         self._init_failed = False  # a worker_init_fn failed (reported, not a death)
         self._source: Iterator[tuple[Any, int]] | None = None
@@ -331,6 +333,9 @@ class LoaderIterator(_BaseDataLoaderIter):
         if self._undecided is not None and not self._closed:
             self._decide()
         if self._closed:
+            if self._stopped_by is not None:  # not an end: the rest of the pass is lost
+                raise RuntimeError(f"this pass ended at an earlier error ({self._stopped_by}), its "
+                                   "workers with it: begin a new pass with iter(loader)")
             raise StopIteration
         while True:
             asked = time.perf_counter()
@@ -343,8 +348,12 @@ class LoaderIterator(_BaseDataLoaderIter):
                 if not self._loader.persistent_workers:
                     self.close()
                 raise
-            except BaseException:  # a dead worker, a timeout, Ctrl-C: the workers stop now
-                self.close(grace=ABORT_GRACE_SECONDS)
+            except TimedOut:
+                if self._source is not None:  # (its stages stopped with the error)
+                    self._stop(f"timed out after {self._loader.timeout} seconds")
+                raise
+            except BaseException as error:  # a dead worker, Ctrl-C: the workers stop now
+                self._stop(type(error).__name__)
                 raise
             worker, states, place, ends = self._fetched.popleft()
             self._note_ends(ends)
@@ -475,7 +484,7 @@ class LoaderIterator(_BaseDataLoaderIter):
     def _wait(self) -> Event:
         event = self._pool.receive(self._loader.timeout or None)
         if event is None:
-            raise RuntimeError(f"DataLoader timed out after {self._loader.timeout} seconds")
+            raise TimedOut(f"DataLoader timed out after {self._loader.timeout} seconds")
         self.clock.worked(event.worker, event.busy)
         return event
 
@@ -522,6 +531,11 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._closed = True
         self._stop_stages()
         self._pool_owner = self._pool = None  # the workers are the new pass's now
+
+    def _stop(self, cause: str) -> None:
+        """End the pass early, for ``cause``: its workers stop at once."""
+        self._stopped_by = cause
+        self.close(grace=ABORT_GRACE_SECONDS)
 
     def close(self, grace: float = GRACE_SECONDS) -> None:
         """Stop the workers now (persistent ones too: the next pass starts new ones), giving

@@ -65,6 +65,11 @@ class WorkerDied(RuntimeError):
     """A worker process exited while the loader still needed it."""
 
 
+class TimedOut(RuntimeError):
+    """No batch came within the loader's ``timeout``: the workers go on, and asking again waits
+    again, as with torch's loader."""
+
+
 class WorkersLate(RuntimeError):
     """Persistent workers did not begin a new pass within the loader's ``timeout``: still busy
     with the last pass's work, they go on and begin it, and the next ``iter()`` waits again."""
