@@ -1,6 +1,8 @@
 """What shardwise.DataLoader adds: thread workers, stats, progress, distributed=True, checks."""
 
 import collections.abc
+import threading
+import time
 import warnings
 
 import pytest
@@ -78,6 +80,20 @@ def test_stats_count_the_pass(workers):
 def test_progress_shows_a_bar_and_a_summary(capsys):
     list(DataLoader(Rows(), batch_size=10, progress=True))
     assert "5 batches, 45 samples" in capsys.readouterr().err
+
+
+def test_a_pass_left_early_takes_its_progress_bar_down():
+    before = set(threading.enumerate())
+    loader = DataLoader(Rows(), batch_size=10, progress=True)
+    for _ in loader:
+        break  # the bar's refresh thread stops with the pass
+    for _ in loader:
+        break
+    for _ in range(50):  # (told to stop, rich's thread ends at its next refresh)
+        if set(threading.enumerate()) == before:
+            break
+        time.sleep(0.1)
+    assert set(threading.enumerate()) == before
 
 
 def test_distributed_builds_the_sampler_in_one_line():

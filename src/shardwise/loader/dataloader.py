@@ -300,7 +300,11 @@ class DataLoader(TorchDataLoader[T_co]):
     def _on_pass_start(self, current: LoaderIterator) -> None:
         self._clock, self._record, self._loaded = current.clock, current.record, None
         if self.progress:
-            self._bar = EpochBar(_length(self), getattr(self.sampler, "epoch", None))
+            if self._bar is not None:  # a pass left early (break, an error): its bar goes
+                self._bar.close()
+            # The pass takes it down with its stages if it is left early (or dropped).
+            self._bar = current._stage(EpochBar(_length(self), getattr(self.sampler, "epoch",
+                                                                         None)))
 
     def _on_batch(self, current: LoaderIterator) -> None:
         if self._bar is not None:

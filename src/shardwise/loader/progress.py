@@ -34,7 +34,10 @@ class EpochBar:
     def advance(self) -> None:
         self._progress.advance(self._task)
 
-    def close(self, summary: Any) -> None:
+    def close(self, summary: Any = None) -> None:
+        """Take the bar down (its refresh thread stops), with a ``summary`` line if given."""
+        if not self._progress.live.is_started:
+            return
         self._progress.stop()
-        if not self._progress.disable:
+        if summary is not None and not self._progress.disable:
             self._progress.console.print(str(summary), highlight=False)
