@@ -554,3 +554,60 @@ def test_timeout_bounds_the_wait_for_every_worker_to_start():
                                            r"processes \[0, 1\] to start"):
         iter(loader)
     assert loader._workers is None
+
+
+class SlowAtNine(Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 9:
+            time.sleep(30)  # a slow (or hung) sample, in flight when the caller stops
+        return torch.tensor(index)
+
+
+@pytest.fixture
+def pinning_without_a_gpu(monkeypatch):
+    """Pinning runs in a stage thread of its own; with no GPU here, only the pinning itself is
+    left out (the thread and how the pass stops it are the real ones)."""
+    import shardwise.loader.iterator as iterator_module
+
+    monkeypatch.setattr(iterator_module, "pin_batch", lambda batch: batch)
+    pool = iterator_module.ProcessPool
+    monkeypatch.setattr(iterator_module, "ProcessPool",
+                        lambda *args, **options: pool(*args, **{**options, "pin": False}))
+
+    def loader() -> DataLoader:
+        made = DataLoader(SlowAtNine(), batch_size=2, num_workers=2)
+        made._pinning = True
+        return made
+
+    return loader
+
+
+@pytest.mark.timeout(60)
+def test_a_pass_left_while_a_slow_sample_loads_stops_its_stages_and_workers_at_once(
+        pinning_without_a_gpu, clean):
+    for step, _ in enumerate(pinning_without_a_gpu()):
+        if step == 3:  # the stage thread now waits for batch 4, the slow one
+            break
+    started = time.monotonic()
+    while (_children() or len(threading.enumerate()) > 1) and time.monotonic() - started < 5:
+        time.sleep(0.05)
+    assert not _children() and len(threading.enumerate()) == 1
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_a_stage_waits_for_a_slow_sample_reaches_the_caller_at_once(
+        pinning_without_a_gpu, clean):
+    iterator = iter(pinning_without_a_gpu())
+    for _ in range(4):
+        next(iterator)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        next(iterator)
+    assert time.monotonic() - started < 10  # not the 30 s the sample takes
+    with pytest.raises(RuntimeError, match=r"ended at an earlier error \(KeyboardInterrupt\)"):
+        next(iterator)
+    del iterator

@@ -91,6 +91,8 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._workers: list[Any] = []  # the worker processes (or threads), as torch lists them
         self._closed = False
         self._stopped_by: str | None = None  # what stopped the pass before its end
+        self._in_stage = False  # a stage's thread takes the batches (see _wait)
+        self._waiting_since: float | None = None
         self._taken: Resume | None = None  # the loaded state this pass resumes
         self._init_failed = False  # a worker_init_fn failed (reported, not a death)
         self._source: Iterator[tuple[Any, int]] | None = None
@@ -482,7 +484,22 @@ class LoaderIterator(_BaseDataLoaderIter):
                 return self._deliver(done)
 
     def _wait(self) -> Event:
-        event = self._pool.receive(self._loader.timeout or None)
+        """The next event from the workers, within the loader's ``timeout``. A stage's thread
+        waits in slices, each ending in ``_NothingYet``: between them it lets go of the pass,
+        so that a pass dropped (``break``) or closed (Ctrl-C) while a slow sample is loading
+        stops at once, not after it."""
+        timeout = self._loader.timeout or None
+        if not self._in_stage:
+            event = self._pool.receive(timeout)
+        else:
+            now = time.monotonic()
+            self._waiting_since = since = self._waiting_since or now
+            left = None if timeout is None else since + timeout - now
+            event = self._pool.receive(STAGE_WAIT_SECONDS if left is None
+                                       else max(0.0, min(STAGE_WAIT_SECONDS, left)))
+            if event is None and (left is None or left > STAGE_WAIT_SECONDS):
+                raise _NothingYet
+            self._waiting_since = None
         if event is None:
             raise TimedOut(f"DataLoader timed out after {self._loader.timeout} seconds")
         self.clock.worked(event.worker, event.busy)
@@ -550,6 +567,7 @@ class LoaderIterator(_BaseDataLoaderIter):
 
 
 _NO_ENDS: tuple[Event, ...] = ()  # what most batches have passed over
+STAGE_WAIT_SECONDS = 0.05  # a stage's thread lets go of the pass this often while it waits
 
 
 def _fetch_here(fetcher: Any, index: Any) -> Any:
@@ -583,17 +601,27 @@ def _placed(indices: Iterator[Any], passed: set[int]) -> Iterator[tuple[int, Any
             yield place, index
 
 
+class _NothingYet(Exception):
+    """No batch came within a stage's slice of waiting (see ``LoaderIterator._wait``)."""
+
+
 class _Batches(Iterator[tuple[Any, int]]):
     """A pass's ``(batch, count)`` pairs for a stage, through a weak reference to the pass."""
 
     def __init__(self, source: LoaderIterator) -> None:
         self._source = weakref.ref(source)
+        source._in_stage = True
 
     def __next__(self) -> tuple[Any, int]:
-        source = self._source()
-        if source is None:
-            raise StopIteration
-        batch, count = source._next_pair()
+        while True:
+            source = self._source()
+            if source is None or source._closed:
+                raise StopIteration
+            try:
+                batch, count = source._next_pair()
+                break
+            except _NothingYet:
+                del source  # for a moment the pass is the caller's alone: dropped, it ends
         if isinstance(batch, _Failed) and isinstance(batch.error, BaseException):
             detached(batch.error)  # a stage holds it: not its frames, which hold the pass
         return batch, count
