@@ -50,3 +50,9 @@ def test_every_flag_has_help_in_plain_words(parser):
 )
 def test_library_hints_name_the_flags(message, expected):
     assert in_cli_words(message) == expected
+
+
+def test_storage_option_hints_name_the_flag():
+    assert in_cli_words("pass storage_options={'anon': True}, or check the credentials "
+                        "(storage_options)") == ("pass --storage-option anon=true, or check the "
+                                                 "credentials (--storage-option)")

@@ -180,3 +180,22 @@ def test_load_of_parquet_columns_shows_row_groups_per_rank_and_saves_every_edge(
     with pytest.raises(SystemExit, match="2"):  # no columns named: a one-line hint
         main(["load", str(tmp_path / "in")])
     assert "--columns src,dst or --columns src,dst,weight" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["plan", "load"])
+@pytest.mark.parametrize("given", [{}, {"AWS_ACCESS_KEY_ID": "AKIANEVERSHOWN1234"}])
+def test_an_s3_url_without_credentials_says_how_to_give_them(command: str, given: dict) -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true", **given)
+    run = subprocess.run(
+        [sys.executable, "-m", "shardwise", command, "s3://some-bucket/edges/",
+         "--storage-option", "endpoint_url=http://127.0.0.1:9"],  # never reached: nothing to sign
+        capture_output=True, text=True, env=env, timeout=100, check=False)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert "s3://some-bucket/edges/" in run.stderr and "AWS_ACCESS_KEY_ID" in run.stderr
+    assert "--storage-option key=... --storage-option secret=..." in run.stderr
+    assert "--storage-option anon=true" in run.stderr
+    assert "AKIANEVERSHOWN1234" not in run.stdout + run.stderr

@@ -20,6 +20,9 @@ FLAGS = {
 }
 _KEYWORD_VALUE = re.compile(rf"\b({'|'.join(FLAGS)})=(['\"])(.*?)\2")
 _COLUMNS = re.compile(r"\bcolumns=\(([^)]*)\)")  # columns=('src', 'dst') -> --columns src,dst
+# storage_options={'anon': True} -> --storage-option anon=true (one flag per option)
+_STORAGE_OPTIONS = re.compile(r"\bstorage_options=\{([^}]*)\}")
+_OPTION = re.compile(r"'([^']*)':\s*([^,]*)")
 
 
 def in_cli_words(message: str) -> str:
@@ -29,10 +32,21 @@ def in_cli_words(message: str) -> str:
     "id 'x' is not an integer (pass --ids str for string ids)"
     >>> in_cli_words("name them: columns=('src', 'dst') or columns=('src', 'dst', 'weight')")
     'name them: --columns src,dst or --columns src,dst,weight'
+    >>> in_cli_words("as storage_options={'key': ..., 'secret': ...} or storage_options={'anon': True}")
+    'as --storage-option key=... --storage-option secret=... or --storage-option anon=true'
     """
+    message = _STORAGE_OPTIONS.sub(lambda m: " ".join(
+        f"--storage-option {key}={_json_word(value.strip())}"
+        for key, value in _OPTION.findall(m.group(1))), message)
+    message = message.replace("(storage_options)", "(--storage-option)")
     message = _COLUMNS.sub(lambda m: "--columns " + ",".join(
         name.strip(" '\"") for name in m.group(1).split(",")), message)
     return _KEYWORD_VALUE.sub(lambda m: f"{FLAGS[m.group(1)]} {m.group(3)}", message)
+
+
+def _json_word(value: str) -> str:
+    """A Python literal as ``--storage-option`` reads it (JSON): ``True`` is ``true``."""
+    return {"True": "true", "False": "false", "None": "null"}.get(value, value)
 
 
 @contextmanager

@@ -50,6 +50,12 @@ _TRANSIENT_TYPES = {
 _MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "BlobNotFound", "ContainerNotFound"}
 _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                  "AuthorizationFailure", "AuthenticationFailed", "Forbidden"}
+# botocore's errors when it finds no credentials to sign a request with (by class name).
+_NO_CREDENTIALS_TYPES = {"NoCredentialsError", "PartialCredentialsError"}
+NO_CREDENTIALS = (
+    "the credentials are missing or incomplete: give them in the environment (AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), as storage_options={'key': ..., 'secret': ...}, or, "
+    "for a public bucket, as storage_options={'anon': True}")
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,8 @@ def _permanent(error: Exception, name: str, request: str, secrets: frozenset[str
     codes = {_code(exc) for exc in _chain(error)}
     kinds = {kind for exc in _chain(error) for kind in type(exc).__mro__}
     failed = f"{name}: {request} failed ({_quote(error, secrets)}), not tried again"
+    if {kind.__name__ for kind in kinds} & _NO_CREDENTIALS_TYPES:
+        return PermissionError(f"{failed}: {NO_CREDENTIALS}")
     if statuses & {401, 403} or codes & _DENIED_CODES or PermissionError in kinds:
         return PermissionError(f"{failed}: access was denied; check the credentials "
                                "(storage_options) and the object's permissions")
@@ -233,6 +241,8 @@ def _permanent(error: Exception, name: str, request: str, secrets: frozenset[str
         return FileNotFoundError(f"{failed}: there is no such object; check the URL (was it "
                                  "deleted during the load?)")
     builtin = next(kind for kind in type(error).__mro__ if kind.__module__ == "builtins")
+    if builtin in (Exception, BaseException):  # a client's own error (botocore's): no kind to keep
+        builtin = OSError
     try:
         return builtin(f"{failed}, as errors of this kind do not pass with time")
     except Exception:  # noqa: BLE001 - a built-in needing more arguments (UnicodeDecodeError)
