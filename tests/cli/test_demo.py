@@ -59,3 +59,22 @@ def test_bad_flags_are_one_line(tmp_path):
     run = shardwise("demo", "--epochs", "0", tmp_path=tmp_path)
     assert run.returncode == 2 and run.stderr.strip() == (
         "shardwise demo: error: --epochs must be at least 1, got 0")
+
+
+@pytest.mark.parametrize("samples, says", [
+    ("1", "--samples must be in [80, 1,000,000] for 2 ranks (40 a rank), got 1"),
+    ("79", "--samples must be in [80, 1,000,000] for 2 ranks (40 a rank), got 79"),
+    (str(10**12), ("--samples must be in [80, 1,000,000] for 2 ranks (40 a rank), got "
+                   "1,000,000,000,000")),
+])
+def test_samples_out_of_bounds_are_one_line_naming_the_flag(tmp_path, samples, says):
+    run = shardwise("demo", "--nproc", "2", "--samples", samples, tmp_path=tmp_path)
+    assert (run.returncode, run.stderr) == (2, f"shardwise demo: error: {says}\n")
+
+
+def test_the_fewest_samples_allowed_run_every_step(tmp_path):
+    run = shardwise("demo", "--nproc", "2", "--samples", "80", "--epochs", "1",
+                    tmp_path=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert CHECKS[0] in run.stdout
+    assert "OK the epoch's 64 samples, both worlds together: each exactly once" in run.stdout

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from shardwise.demo.job import run_rank
+from shardwise.demo.job import FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES, check_samples, run_rank
 from shardwise.demo.report import print_report
 from shardwise.distributed.launch import process_group_from_env, spawn_local
 
@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="local gloo processes to start (default 3; under torchrun, its ranks)")
     parser.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
     parser.add_argument("--samples", type=int, default=3001,
-                        help="samples in the data set (default 3001)")
+                        help=f"samples in the data set, {FEWEST_SAMPLES_PER_RANK} a rank to "
+                             f"{MOST_SAMPLES:,} (default 3001)")
     parser.add_argument("--seed", type=int, default=0, help="data and training seed (default 0)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the data set is written, on each machine (default: a "
@@ -47,9 +48,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("epochs", "samples"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+    under_torchrun = "WORLD_SIZE" in os.environ
+    if under_torchrun and args.nproc is not None:
+        raise ValueError("--nproc starts local processes; under torchrun use its "
+                         "--nproc-per-node instead")
+    nproc = 3 if args.nproc is None else args.nproc
+    if nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    check_samples(args.samples, int(os.environ["WORLD_SIZE"]) if under_torchrun else nproc)
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=100)  # a log: never squeeze the tables
@@ -57,16 +65,10 @@ def run(args: argparse.Namespace) -> int:
                "workdir": str(args.workdir or Path(tempfile.gettempdir())
                               / f"shardwise-demo-{args.samples}-{args.seed}"),
                "progress": console.is_terminal}
-    if "WORLD_SIZE" in os.environ:  # under torchrun: its ranks
-        if args.nproc is not None:
-            raise ValueError("--nproc starts local processes; under torchrun use its "
-                             "--nproc-per-node instead")
+    if under_torchrun:  # its ranks
         with process_group_from_env():
             report = run_rank(options)
     else:
-        nproc = 3 if args.nproc is None else args.nproc
-        if nproc < 1:
-            raise ValueError(f"--nproc must be at least 1, got {nproc}")
         report = spawn_local(run_rank, nproc, options)[0]
     if report is None:  # not rank 0: rank 0 prints
         return 0
