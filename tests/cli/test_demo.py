@@ -1,5 +1,6 @@
 """`shardwise demo`: the whole system, on local processes, under torchrun, and on two "nodes"."""
 
+import os
 import subprocess
 import sys
 
@@ -78,3 +79,23 @@ def test_the_fewest_samples_allowed_run_every_step(tmp_path):
     assert run.returncode == 0, run.stderr
     assert CHECKS[0] in run.stdout
     assert "OK the epoch's 64 samples, both worlds together: each exactly once" in run.stdout
+
+
+def test_under_torchrun_with_one_rank(tmp_path):
+    command = torchrun("--standalone", "--nproc-per-node", "1") + [
+        "--epochs", "1", "--workdir", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=200, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "shardwise demo: 1 rank," in run.stdout and CHECKS[0] in run.stdout
+
+
+@pytest.mark.parametrize("command", ["demo", "load"])
+def test_a_malformed_world_size_is_named(tmp_path, command):
+    paths = ["data/"] if command == "load" else []
+    run = subprocess.run([sys.executable, "-m", "shardwise", command, *paths],
+                         capture_output=True, text=True, timeout=100, cwd=tmp_path,
+                         env={**os.environ, "WORLD_SIZE": "abc"}, check=False)
+    assert run.returncode == 2
+    assert run.stderr == (f"shardwise {command}: error: environment variable WORLD_SIZE='abc' is "
+                          "not a number of ranks: torchrun sets it to a positive integer; unset "
+                          "it to run alone\n")

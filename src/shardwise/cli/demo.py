@@ -20,7 +20,7 @@ from rich.console import Console
 
 from shardwise.demo.job import FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES, check_samples, run_rank
 from shardwise.demo.report import print_report
-from shardwise.distributed.launch import process_group_from_env, spawn_local
+from shardwise.distributed.launch import env_world_size, process_group_from_env, spawn_local
 
 DESCRIPTION = (
     "The whole system on a small data set: files loaded in parallel, class-balanced DDP "
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     nproc = 3 if args.nproc is None else args.nproc
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
-    check_samples(args.samples, int(os.environ["WORLD_SIZE"]) if under_torchrun else nproc)
+    check_samples(args.samples, env_world_size() if under_torchrun else nproc)
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=100)  # a log: never squeeze the tables
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                               / f"shardwise-demo-{args.samples}-{args.seed}"),
                "progress": console.is_terminal}
     if under_torchrun:  # its ranks
-        with process_group_from_env():
+        with process_group_from_env(alone=True):  # the demo's collectives need a group
             report = run_rank(options)
     else:
         report = spawn_local(run_rank, nproc, options)[0]
