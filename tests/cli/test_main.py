@@ -56,3 +56,15 @@ def test_storage_option_hints_name_the_flag():
     assert in_cli_words("pass storage_options={'anon': True}, or check the credentials "
                         "(storage_options)") == ("pass --storage-option anon=true, or check the "
                                                  "credentials (--storage-option)")
+
+
+@pytest.mark.parametrize("command", [["load", "data/"], ["demo"]])
+def test_too_many_local_ranks_are_refused_naming_the_flag(command, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as caught:
+        main([*command, "--nproc", "1000000"])
+    assert caught.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"shardwise {command[0]}: error: --nproc 1,000,000 would start more "
+                            "local processes than this machine runs well: at most ")
+    assert error.endswith("run under torchrun across machines\n")

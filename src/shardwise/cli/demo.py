@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from shardwise.cli.nproc import check_nproc
 from shardwise.demo.job import FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES, check_samples, run_rank
 from shardwise.demo.report import print_report
 from shardwise.distributed.launch import env_world_size, process_group_from_env, spawn_local
@@ -55,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--nproc starts local processes; under torchrun use its "
                          "--nproc-per-node instead")
     nproc = 3 if args.nproc is None else args.nproc
-    if nproc < 1:
-        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    check_nproc(nproc)
     check_samples(args.samples, env_world_size() if under_torchrun else nproc)
     console = Console(highlight=False)
     if not console.is_terminal:

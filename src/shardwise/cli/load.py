@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
+from shardwise.cli.nproc import check_nproc
 from shardwise.cli.storage import add_storage_option, storage_options
 from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
 from shardwise.distributed.consistency import together
@@ -88,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if "WORLD_SIZE" in os.environ:
         raise ValueError("--nproc cannot be used under torchrun, which starts the ranks itself")
-    if args.nproc < 1:
-        raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    check_nproc(args.nproc)
     _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
     return 0
 
