@@ -19,6 +19,7 @@ import pytest
 from shardwise.cli import main
 from shardwise.distributed.launch import spawn_local
 from shardwise.files import agreed_plan, iter_chunks, load_graph, plan, read_lines, remote
+from shardwise.files.credentials import public_url
 from shardwise.files.read import chunk_lines, split_lines
 from tests.files.object_store import BUCKET, KEY, SECRET, ObjectStore, store_fixtures
 
@@ -286,3 +287,18 @@ def test_credentials_never_show_in_errors_warnings_reprs_or_output(
     assert out.err.count("shardwise load: error:") == 3
     texts += [out.out, out.err, caplog.text]
     _assert_hidden(texts)
+
+
+@pytest.mark.timeout(60)
+def test_a_mistyped_option_for_an_http_url_is_named_not_called_a_missing_file(
+    store: ObjectStore
+) -> None:
+    url = store.http_url("lines/a.csv")
+    with pytest.raises(ValueError) as caught:
+        plan(url, 1, storage_options={"bogus_opt": 1})
+    message = str(caught.value)
+    assert message.startswith(f"{public_url(url)}: asking what it is failed (TypeError: ")
+    assert "unexpected keyword argument 'bogus_opt'" in message
+    assert message.endswith("is an option wrong? Check the storage options (storage_options)")
+    with pytest.raises(FileNotFoundError, match="input file not found"):  # a real missing file
+        plan(store.http_url("lines/nope.csv"), 1)

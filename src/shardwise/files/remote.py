@@ -231,6 +231,10 @@ def _permanent(error: Exception, name: str, request: str, secrets: frozenset[str
     statuses = {_status(exc) for exc in _chain(error)}
     codes = {_code(exc) for exc in _chain(error)}
     kinds = {kind for exc in _chain(error) for kind in type(exc).__mro__}
+    wrong = _wrong_option(error)
+    if wrong is not None:
+        return ValueError(f"{name}: {request} failed ({_quote(wrong, secrets)}), not tried "
+                          "again: is an option wrong? Check the storage options (storage_options)")
     failed = f"{name}: {request} failed ({_quote(error, secrets)}), not tried again"
     if {kind.__name__ for kind in kinds} & _NO_CREDENTIALS_TYPES:
         return PermissionError(f"{failed}: {NO_CREDENTIALS}")
@@ -247,6 +251,16 @@ def _permanent(error: Exception, name: str, request: str, secrets: frozenset[str
         return builtin(f"{failed}, as errors of this kind do not pass with time")
     except Exception:  # noqa: BLE001 - a built-in needing more arguments (UnicodeDecodeError)
         return OSError(f"{failed}, as errors of this kind do not pass with time")
+
+
+def _wrong_option(error: BaseException) -> BaseException | None:
+    """The error behind a "not found" that is not one: fsspec's http filesystem raises
+    ``FileNotFoundError`` from whatever stops it asking a URL's size, a mistyped option too."""
+    cause = error.__cause__
+    if (isinstance(error, FileNotFoundError) and isinstance(cause, Exception)
+            and not isinstance(cause, OSError) and _status(cause) is None):
+        return cause
+    return None
 
 
 def _quote(error: BaseException, secrets: frozenset[str]) -> str:
