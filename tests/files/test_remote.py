@@ -8,10 +8,13 @@ must fail at once, and no credential may show anywhere.
 
 from __future__ import annotations
 
+import http.server
 import random
+import threading
 import time
 import traceback
 import warnings
+from functools import partial
 from urllib.parse import quote
 
 import pytest
@@ -302,3 +305,21 @@ def test_a_mistyped_option_for_an_http_url_is_named_not_called_a_missing_file(
     assert message.endswith("is an option wrong? Check the storage options (storage_options)")
     with pytest.raises(FileNotFoundError, match="input file not found"):  # a real missing file
         plan(store.http_url("lines/nope.csv"), 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_ignores_byte_ranges_is_named_as_such(tmp_path) -> None:
+    """Python's own http.server answers a range request with the whole file."""
+    size = (tmp_path / "e.csv").write_text("".join(f"{i},{i + 1}\n" for i in range(50)))
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/e.csv"
+    try:
+        with pytest.raises(OSError, match=rf"the server sent {size} bytes: it ignores byte "
+                                          r"ranges \(HTTP Range requests\)") as caught:
+            read_lines(url, rank=1, world_size=2)
+        assert str(caught.value).startswith(f"{url}: asked for bytes [")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -110,9 +110,15 @@ def retried(call: Callable[[], T], *, name: str, request: str,
 
 def read_range(source: Source, start: int, stop: int) -> bytes:
     """Bytes ``[start, stop)`` of a remote ``source`` (fewer only if it ends sooner)."""
-    return retried(lambda: source.fs.cat_file(source.path, start=start, end=stop),
+    data = retried(lambda: source.fs.cat_file(source.path, start=start, end=stop),
                    name=source.name, request=f"reading bytes [{start:,}, {stop:,})",
                    secrets=source.secrets)
+    if len(data) > stop - start:  # a server that ignores Range answers with the whole file
+        raise OSError(f"{source.name}: asked for bytes [{start:,}, {stop:,}), the server sent "
+                      f"{len(data):,} bytes: it ignores byte ranges (HTTP Range requests), which "
+                      "reading a share of a file needs; serve it from a server that honours "
+                      "them, or copy it to a local disk")
+    return data
 
 
 def current_size(source: Source) -> int:
