@@ -46,7 +46,19 @@ def test_every_flag_has_help_in_plain_words(parser):
      ("id 'x' is not an integer (pass ids='str' for string ids)",
       "id 'x' is not an integer (pass --ids str for string ids)"),
      ("permutation='feistel' needs O(1) memory", "--permutation feistel needs O(1) memory"),
-     ("size=7 is fine as it is", "size=7 is fine as it is")],
+     ("size=7 is fine as it is", "size=7 is fine as it is"),
+     ("read by pattern: drop columns=", "read by pattern: drop --columns"),
+     ("its columns are src, dst; name them in columns=",
+      "its columns are src, dst; name them in --columns"),
+     ("got 1 (every fvec line needs as many as the input's first line, or features=): '2'",
+      "got 1 (every fvec line needs as many as the input's first line): '2'"),
+     ("delimiter must be one character, got 'ab' (use parser= for anything more complex)",
+      ("--delimiter must be one character, got 'ab' (for anything more complex, load the files "
+       "from Python with parser=)")),
+     (("the first vector in column 'v' is empty; pass features= to say how many values every "
+       "vector holds"),
+      ("the first vector in column 'v' is empty: shardwise load takes the vectors' length from "
+       "it (from Python, pass features=)"))],
 )
 def test_library_hints_name_the_flags(message, expected):
     assert in_cli_words(message) == expected
@@ -68,3 +80,4 @@ def test_too_many_local_ranks_are_refused_naming_the_flag(command, capsys, monke
     assert error.startswith(f"shardwise {command[0]}: error: --nproc 1,000,000 would start more "
                             "local processes than this machine runs well: at most ")
     assert error.endswith("run under torchrun across machines\n")
+

@@ -57,6 +57,15 @@ def test_raw_lines_of_a_columnar_file_are_refused_by_name(tmp_path: Path,
     assert "e.parquet is a columnar file: load its rows with --columns" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spelled", ["\t", "\\t", "\\\\t"])
+def test_a_tab_delimiter_may_be_spelled_as_an_escape(tmp_path: Path, spelled: str) -> None:
+    (tmp_path / "e.tsv").write_text("1\t2\n2\t3\t0.5\n")
+    assert main(["load", str(tmp_path / "e.tsv"), "--delimiter", spelled, "--save",
+                 str(tmp_path)]) == 0
+    with np.load(tmp_path / "rank-00000-of-00001.npz") as part:
+        assert part["dst"].tolist() == [2, 3] and part["weight"].tolist() == [1.0, 0.5]
+
+
 def shardwise_load(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "shardwise", "load", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -59,8 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="what to build from edge patterns (default: digraph)")
     parser.add_argument("--nproc", type=int, default=None,
                         help="spawn this many local gloo ranks (default: torchrun's, or 1)")
-    parser.add_argument("--delimiter", default=",",
-                        help="field separator, one character (default: ,)")
+    parser.add_argument("--delimiter", default=",", type=_delimiter,
+                        help="field separator, one character; \\t for a tab (default: ,)")
     parser.add_argument("--ids", default="int", choices=("int", "str"),
                         help="int: ids are 64-bit integers; str: any text, hashed to 63-bit "
                              "integers (default: int)")
@@ -181,6 +181,15 @@ def _rank_lines(the_plan: Plan, rank: int, on_error: str) -> tuple[list[str], li
                                        f"not valid UTF-8 ({error.reason}); re-encode the file "
                                        "as UTF-8"))
     return lines, bad, bytes_read
+
+
+def _delimiter(text: str) -> str:
+    r"""The field separator: ``\t``, which a shell passes as two characters, is a tab.
+
+    >>> _delimiter("\t"), _delimiter("\\t"), _delimiter(";")
+    ('\t', '\t', ';')
+    """
+    return "\t" if text in ("\\t", "\\\\t") else text
 
 
 def _column_names(text: str) -> tuple[str, ...]:
