@@ -99,3 +99,23 @@ def test_a_malformed_world_size_is_named(tmp_path, command):
     assert run.stderr == (f"shardwise {command}: error: environment variable WORLD_SIZE='abc' is "
                           "not a number of ranks: torchrun sets it to a positive integer; unset "
                           "it to run alone\n")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(10**23)])
+def test_a_seed_out_of_range_is_named(tmp_path, seed):
+    run = shardwise("demo", "--nproc", "1", "--seed", seed, tmp_path=tmp_path)
+    assert (run.returncode, run.stderr) == (
+        2, f"shardwise demo: error: --seed must be in [0, 2**63 - 1], got {seed}\n")
+
+
+def test_a_workdir_holding_other_files_or_being_a_file_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    run = shardwise("demo", "--nproc", "1", tmp_path=tmp_path)
+    assert (run.returncode, run.stderr) == (2, (
+        f"shardwise demo: error: --workdir {tmp_path} holds files the demo did not write "
+        "(notes.txt), and the demo loads every file there: name an empty or new folder\n"))
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+    run = shardwise("demo", "--nproc", "1", tmp_path=tmp_path / "notes.txt")
+    assert (run.returncode, run.stderr) == (2, (
+        f"shardwise demo: error: --workdir {tmp_path / 'notes.txt'} is a file: name an empty or "
+        "new folder\n"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from shardwise.demo.job import FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES, check_samp
 from shardwise.demo.report import print_report
 from shardwise.distributed.launch import env_world_size, process_group_from_env, spawn_local
 
+MOST_SEED = 2**63 - 1  # torch.manual_seed's largest
+# What write_dataset leaves in a folder (its files, and temporaries a stopped run left behind).
+DEMO_FILE = re.compile(r"_?part-\d+\.csv(\.\d+)?")
 DESCRIPTION = (
     "The whole system on a small data set: files loaded in parallel, class-balanced DDP "
     "training through shardwise.DataLoader, exact evaluation beside torch's padded one, and an "
@@ -41,16 +45,35 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=3001,
                         help=f"samples in the data set, {FEWEST_SAMPLES_PER_RANK} a rank to "
                              f"{MOST_SAMPLES:,} (default 3001)")
-    parser.add_argument("--seed", type=int, default=0, help="data and training seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="data and training seed, in [0, 2**63 - 1] (default 0)")
     parser.add_argument("--workdir", type=Path, default=None,
-                        help="where the data set is written, on each machine (default: a "
-                             "folder under the system's temporary directory)")
+                        help="an empty or new folder where the data set is written, on each "
+                             "machine (default: a folder under the system's temporary "
+                             "directory)")
     return parser
+
+
+def check_workdir(folder: Path) -> None:
+    """Refuse a ``--workdir`` that is a file, or holds files the demo did not write: it loads
+    every file in the folder."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--workdir {folder} is a file: name an empty or new folder")
+    others = sorted(p.name for p in folder.iterdir() if not DEMO_FILE.fullmatch(p.name)
+                    ) if folder.exists() else []
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(f"--workdir {folder} holds files the demo did not write ({shown}), and "
+                         "the demo loads every file there: name an empty or new folder")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.epochs < 1:
         raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+    if not 0 <= args.seed <= MOST_SEED:
+        raise ValueError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
+    if args.workdir is not None:
+        check_workdir(args.workdir)
     under_torchrun = "WORLD_SIZE" in os.environ
     if under_torchrun and args.nproc is not None:
         raise ValueError("--nproc starts local processes; under torchrun use its "
