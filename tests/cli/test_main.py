@@ -81,3 +81,13 @@ def test_too_many_local_ranks_are_refused_naming_the_flag(command, capsys, monke
                             "local processes than this machine runs well: at most ")
     assert error.endswith("run under torchrun across machines\n")
 
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("format", ["table", "json"])
+def test_a_reader_that_goes_away_stops_the_command_quietly(format):
+    run = subprocess.Popen([sys.executable, "-m", "shardwise", "plan", "--epochs", "1000",
+                            "--format", format], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run.stdout.read(10)
+    run.stdout.close()  # as `| head -c 10` does
+    assert (run.wait(timeout=100), run.stderr.read()) == (141, b"")
