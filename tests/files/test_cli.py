@@ -66,6 +66,16 @@ def test_a_tab_delimiter_may_be_spelled_as_an_escape(tmp_path: Path, spelled: st
         assert part["dst"].tolist() == [2, 3] and part["weight"].tolist() == [1.0, 0.5]
 
 
+def test_save_naming_a_file_is_refused_before_loading(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "e.csv").write_text("1,2\n")
+    with pytest.raises(SystemExit) as caught:
+        main(["load", str(tmp_path / "e.csv"), "--save", str(tmp_path / "e.csv")])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == (f"shardwise load: error: --save {tmp_path / 'e.csv'} is a "
+                                       "file: name a folder (it is made if need be)\n")
+
+
 def shardwise_load(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "shardwise", "load", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in
                ("paths", "pattern", "kind", "delimiter", "ids", "on_error", "save", "columns")}
     options["storage_options"] = storage_options(args.storage_options)
+    if args.save is not None and args.save.exists() and not args.save.is_dir():
+        raise ValueError(f"--save {args.save} is a file: name a folder (it is made if need be)")
     if args.nproc is None:
         with process_group_from_env():
             report = load_rank(options)
