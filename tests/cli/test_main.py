@@ -46,7 +46,48 @@ def test_every_flag_has_help_in_plain_words(parser):
      ("id 'x' is not an integer (pass ids='str' for string ids)",
       "id 'x' is not an integer (pass --ids str for string ids)"),
      ("permutation='feistel' needs O(1) memory", "--permutation feistel needs O(1) memory"),
-     ("size=7 is fine as it is", "size=7 is fine as it is")],
+     ("size=7 is fine as it is", "size=7 is fine as it is"),
+     ("read by pattern: drop columns=", "read by pattern: drop --columns"),
+     ("its columns are src, dst; name them in columns=",
+      "its columns are src, dst; name them in --columns"),
+     ("got 1 (every fvec line needs as many as the input's first line, or features=): '2'",
+      "got 1 (every fvec line needs as many as the input's first line): '2'"),
+     ("delimiter must be one character, got 'ab' (use parser= for anything more complex)",
+      ("--delimiter must be one character, got 'ab' (for anything more complex, load the files "
+       "from Python with parser=)")),
+     (("the first vector in column 'v' is empty; pass features= to say how many values every "
+       "vector holds"),
+      ("the first vector in column 'v' is empty: shardwise load takes the vectors' length from "
+       "it (from Python, pass features=)"))],
 )
 def test_library_hints_name_the_flags(message, expected):
     assert in_cli_words(message) == expected
+
+
+def test_storage_option_hints_name_the_flag():
+    assert in_cli_words("pass storage_options={'anon': True}, or check the credentials "
+                        "(storage_options)") == ("pass --storage-option anon=true, or check the "
+                                                 "credentials (--storage-option)")
+
+
+@pytest.mark.parametrize("command", [["load", "data/"], ["demo"]])
+def test_too_many_local_ranks_are_refused_naming_the_flag(command, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as caught:
+        main([*command, "--nproc", "1000000"])
+    assert caught.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"shardwise {command[0]}: error: --nproc 1,000,000 would start more "
+                            "local processes than this machine runs well: at most ")
+    assert error.endswith("run under torchrun across machines\n")
+
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("format", ["table", "json"])
+def test_a_reader_that_goes_away_stops_the_command_quietly(format):
+    run = subprocess.Popen([sys.executable, "-m", "shardwise", "plan", "--epochs", "1000",
+                            "--format", format], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run.stdout.read(10)
+    run.stdout.close()  # as `| head -c 10` does
+    assert (run.wait(timeout=100), run.stderr.read()) == (141, b"")

@@ -53,7 +53,9 @@ def test_table_marks_repeats_in_plain_text_when_piped():
 @pytest.mark.parametrize(
     "flags,message",
     [(["--world-size", "0"], "--world-size must be at least 1, got 0"),
-     (["--size", "-3"], "--size must be in [0, 2**63 - 1], got -3")],
+     (["--size", "-3"], "--size must be in [0, 2**63 - 1], got -3"),
+     (["--epochs", "1000000000"], ("--epochs must be at most 1,000, as each epoch is computed "
+                                   "and printed; got 1,000,000,000"))],
 )
 def test_bad_flags_are_named(capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:

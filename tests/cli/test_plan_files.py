@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -82,3 +85,17 @@ def test_a_plan_of_a_bucket_never_shows_credentials(capsys) -> None:
     for text in (out, printed.out, printed.err):
         for value in (key, secret, token):
             assert value not in text and quote(value, safe="") not in text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["a.csv", "t.parquet"])
+def test_an_ascii_only_output_gets_ascii_tables(tmp_path: Path, name: str) -> None:
+    if name.endswith(".parquet"):
+        pq.write_table(pa.table({"id": range(10)}), tmp_path / name)
+    else:
+        (tmp_path / name).write_text("1,2\n" * 10)
+    run = subprocess.run([sys.executable, "-m", "shardwise", "plan", name], cwd=tmp_path,
+                         env={**os.environ, "PYTHONIOENCODING": "ascii"}, capture_output=True,
+                         timeout=100, check=False)
+    assert (run.returncode, run.stderr) == (0, b"")
+    assert run.stdout.isascii() and b"| rank |" in run.stdout

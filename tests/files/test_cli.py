@@ -57,6 +57,25 @@ def test_raw_lines_of_a_columnar_file_are_refused_by_name(tmp_path: Path,
     assert "e.parquet is a columnar file: load its rows with --columns" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spelled", ["\t", "\\t", "\\\\t"])
+def test_a_tab_delimiter_may_be_spelled_as_an_escape(tmp_path: Path, spelled: str) -> None:
+    (tmp_path / "e.tsv").write_text("1\t2\n2\t3\t0.5\n")
+    assert main(["load", str(tmp_path / "e.tsv"), "--delimiter", spelled, "--save",
+                 str(tmp_path)]) == 0
+    with np.load(tmp_path / "rank-00000-of-00001.npz") as part:
+        assert part["dst"].tolist() == [2, 3] and part["weight"].tolist() == [1.0, 0.5]
+
+
+def test_save_naming_a_file_is_refused_before_loading(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "e.csv").write_text("1,2\n")
+    with pytest.raises(SystemExit) as caught:
+        main(["load", str(tmp_path / "e.csv"), "--save", str(tmp_path / "e.csv")])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == (f"shardwise load: error: --save {tmp_path / 'e.csv'} is a "
+                                       "file: name a folder (it is made if need be)\n")
+
+
 def shardwise_load(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "shardwise", "load", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -180,3 +199,22 @@ def test_load_of_parquet_columns_shows_row_groups_per_rank_and_saves_every_edge(
     with pytest.raises(SystemExit, match="2"):  # no columns named: a one-line hint
         main(["load", str(tmp_path / "in")])
     assert "--columns src,dst or --columns src,dst,weight" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["plan", "load"])
+@pytest.mark.parametrize("given", [{}, {"AWS_ACCESS_KEY_ID": "AKIANEVERSHOWN1234"}])
+def test_an_s3_url_without_credentials_says_how_to_give_them(command: str, given: dict) -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true", **given)
+    run = subprocess.run(
+        [sys.executable, "-m", "shardwise", command, "s3://some-bucket/edges/",
+         "--storage-option", "endpoint_url=http://127.0.0.1:9"],  # never reached: nothing to sign
+        capture_output=True, text=True, env=env, timeout=100, check=False)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert "s3://some-bucket/edges/" in run.stderr and "AWS_ACCESS_KEY_ID" in run.stderr
+    assert "--storage-option key=... --storage-option secret=..." in run.stderr
+    assert "--storage-option anon=true" in run.stderr
+    assert "AKIANEVERSHOWN1234" not in run.stdout + run.stderr

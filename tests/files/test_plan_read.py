@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -215,17 +216,67 @@ def test_a_glob_skips_files_in_hidden_folders_unless_it_names_them(tmp_path: Pat
 def test_broken_and_looping_symlinks_are_errors_naming_them(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("a\n")
     (tmp_path / "dangling").symlink_to(tmp_path / "gone.txt")
-    with pytest.raises(FileNotFoundError, match=r"'.*dangling' cannot be opened .*broken symlink"):
+    with pytest.raises(FileNotFoundError, match=r"'.*dangling' is a symbolic link that leads "
+                                                r"nowhere \(No such file"):
         plan(tmp_path, 1)
     (tmp_path / "dangling").unlink()
     (tmp_path / "one").symlink_to(tmp_path / "two")
     (tmp_path / "two").symlink_to(tmp_path / "one")
-    with pytest.raises(FileNotFoundError, match=r"'.*one' cannot be opened \(Too many levels"):
+    with pytest.raises(FileNotFoundError, match=r"'.*one' is a symbolic link that leads nowhere "
+                                                r"\(Too many levels"):
         plan(tmp_path, 1)
     (tmp_path / "one").unlink()
     (tmp_path / "two").unlink()
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(ValueError, match=r"input '.*pipe' is neither a file nor a directory"):
+        plan(tmp_path, 1)
+
+
+def test_a_fifo_device_or_broken_link_named_directly_is_said_to_be_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("pipe")
+    Path("dangling").symlink_to("nowhere")
+    for name in ("pipe", os.devnull):
+        with pytest.raises(ValueError, match=rf"^input '{name}' is neither a file nor a "
+                                             r"directory \(a socket, FIFO or device\)"):
+            plan(name, 1)
+    with pytest.raises(FileNotFoundError, match=r"^input 'dangling' is a symbolic link that "
+                                                r"leads nowhere"):
+        plan("dangling", 1)
+
+
+def test_messages_name_local_files_as_spelled_not_by_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("d").mkdir()
+    Path("d/a.csv").write_text("1,2\n")
+    os.mkfifo("d/pipe")
+    for spelled in ("d", "d/*"):
+        with pytest.raises(ValueError, match=r"^input 'd/pipe' is neither"):
+            plan(spelled, 1)
+    Path("d/pipe").unlink()
+    Path("d/locked.csv").write_text("3,4\n")
+    real_open = LocalFileSystem.open
+
+    def denied(self, path, *args, **kwargs):  # as the OS answers a user without read rights
+        if path.endswith("locked.csv"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "open", denied)
+    with pytest.raises(PermissionError, match=r"^input 'd/locked.csv' cannot be opened "
+                                              r"\(Permission denied\): check its permissions$"):
+        read_lines("d", 0, 1)
+
+
+def test_a_folder_of_hidden_files_says_they_are_skipped(tmp_path: Path) -> None:
+    (tmp_path / "_part-0.csv").write_text("1,2\n")
+    (tmp_path / ".part-1.csv").write_text("3,4\n")
+    with pytest.raises(FileNotFoundError, match=r"holds no files \(names that start with \. or _ "
+                                                r"are skipped\)"):
         plan(tmp_path, 1)
 
 

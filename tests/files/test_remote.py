@@ -8,10 +8,13 @@ must fail at once, and no credential may show anywhere.
 
 from __future__ import annotations
 
+import http.server
 import random
+import threading
 import time
 import traceback
 import warnings
+from functools import partial
 from urllib.parse import quote
 
 import pytest
@@ -19,6 +22,7 @@ import pytest
 from shardwise.cli import main
 from shardwise.distributed.launch import spawn_local
 from shardwise.files import agreed_plan, iter_chunks, load_graph, plan, read_lines, remote
+from shardwise.files.credentials import public_url
 from shardwise.files.read import chunk_lines, split_lines
 from tests.files.object_store import BUCKET, KEY, SECRET, ObjectStore, store_fixtures
 
@@ -286,3 +290,36 @@ def test_credentials_never_show_in_errors_warnings_reprs_or_output(
     assert out.err.count("shardwise load: error:") == 3
     texts += [out.out, out.err, caplog.text]
     _assert_hidden(texts)
+
+
+@pytest.mark.timeout(60)
+def test_a_mistyped_option_for_an_http_url_is_named_not_called_a_missing_file(
+    store: ObjectStore
+) -> None:
+    url = store.http_url("lines/a.csv")
+    with pytest.raises(ValueError) as caught:
+        plan(url, 1, storage_options={"bogus_opt": 1})
+    message = str(caught.value)
+    assert message.startswith(f"{public_url(url)}: asking what it is failed (TypeError: ")
+    assert "unexpected keyword argument 'bogus_opt'" in message
+    assert message.endswith("is an option wrong? Check the storage options (storage_options)")
+    with pytest.raises(FileNotFoundError, match="input file not found"):  # a real missing file
+        plan(store.http_url("lines/nope.csv"), 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_ignores_byte_ranges_is_named_as_such(tmp_path) -> None:
+    """Python's own http.server answers a range request with the whole file."""
+    size = (tmp_path / "e.csv").write_text("".join(f"{i},{i + 1}\n" for i in range(50)))
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/e.csv"
+    try:
+        with pytest.raises(OSError, match=rf"the server sent {size} bytes: it ignores byte "
+                                          r"ranges \(HTTP Range requests\)") as caught:
+            read_lines(url, rank=1, world_size=2)
+        assert str(caught.value).startswith(f"{url}: asked for bytes [")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from shardwise import __version__
 from shardwise.cli import demo, load, plan
+from shardwise.cli.pipe import quiet_when_the_reader_goes
 from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
 from shardwise.distributed.launch import LaunchError
 
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``shardwise`` with ``argv``; an error is one line on stderr and ``SystemExit``.
 
-    Bad input exits with code 2, a rank that died or hung with 1, Ctrl-C with 130.
+    Bad input exits with code 2, a rank that died or hung with 1, Ctrl-C with 130, and a reader
+    that went away (``| head``) with 141, quietly, as a process killed by SIGPIPE.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -43,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     prog = f"shardwise {args.command}"
     try:
-        with warnings_in_cli_words(prog):
+        with warnings_in_cli_words(prog), quiet_when_the_reader_goes():
             return int(COMMANDS[args.command].run(args) or 0)
     except (ValueError, TypeError, OSError) as error:
         parser.exit(2, f"{prog}: error: {in_cli_words(str(error))}\n")

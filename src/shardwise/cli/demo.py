@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
-from shardwise.demo.job import run_rank
+from shardwise.cli.nproc import check_nproc
+from shardwise.demo.job import FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES, check_samples, run_rank
 from shardwise.demo.report import print_report
-from shardwise.distributed.launch import process_group_from_env, spawn_local
+from shardwise.distributed.launch import env_world_size, process_group_from_env, spawn_local
 
+MOST_SEED = 2**63 - 1  # torch.manual_seed's largest
+# What write_dataset leaves in a folder (its files, and temporaries a stopped run left behind).
+DEMO_FILE = re.compile(r"_?part-\d+\.csv(\.\d+)?")
 DESCRIPTION = (
     "The whole system on a small data set: files loaded in parallel, class-balanced DDP "
     "training through shardwise.DataLoader, exact evaluation beside torch's padded one, and an "
@@ -38,18 +43,44 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="local gloo processes to start (default 3; under torchrun, its ranks)")
     parser.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
     parser.add_argument("--samples", type=int, default=3001,
-                        help="samples in the data set (default 3001)")
-    parser.add_argument("--seed", type=int, default=0, help="data and training seed (default 0)")
+                        help=f"samples in the data set, {FEWEST_SAMPLES_PER_RANK} a rank to "
+                             f"{MOST_SAMPLES:,} (default 3001)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="data and training seed, in [0, 2**63 - 1] (default 0)")
     parser.add_argument("--workdir", type=Path, default=None,
-                        help="where the data set is written, on each machine (default: a "
-                             "folder under the system's temporary directory)")
+                        help="an empty or new folder where the data set is written, on each "
+                             "machine (default: a folder under the system's temporary "
+                             "directory)")
     return parser
 
 
+def check_workdir(folder: Path) -> None:
+    """Refuse a ``--workdir`` that is a file, or holds files the demo did not write: it loads
+    every file in the folder."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--workdir {folder} is a file: name an empty or new folder")
+    others = sorted(p.name for p in folder.iterdir() if not DEMO_FILE.fullmatch(p.name)
+                    ) if folder.exists() else []
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(f"--workdir {folder} holds files the demo did not write ({shown}), and "
+                         "the demo loads every file there: name an empty or new folder")
+
+
 def run(args: argparse.Namespace) -> int:
-    for name in ("epochs", "samples"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+    if not 0 <= args.seed <= MOST_SEED:
+        raise ValueError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
+    if args.workdir is not None:
+        check_workdir(args.workdir)
+    under_torchrun = "WORLD_SIZE" in os.environ
+    if under_torchrun and args.nproc is not None:
+        raise ValueError("--nproc starts local processes; under torchrun use its "
+                         "--nproc-per-node instead")
+    nproc = 3 if args.nproc is None else args.nproc
+    check_nproc(nproc)
+    check_samples(args.samples, env_world_size() if under_torchrun else nproc)
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=100)  # a log: never squeeze the tables
@@ -57,16 +88,10 @@ def run(args: argparse.Namespace) -> int:
                "workdir": str(args.workdir or Path(tempfile.gettempdir())
                               / f"shardwise-demo-{args.samples}-{args.seed}"),
                "progress": console.is_terminal}
-    if "WORLD_SIZE" in os.environ:  # under torchrun: its ranks
-        if args.nproc is not None:
-            raise ValueError("--nproc starts local processes; under torchrun use its "
-                             "--nproc-per-node instead")
-        with process_group_from_env():
+    if under_torchrun:  # its ranks
+        with process_group_from_env(alone=True):  # the demo's collectives need a group
             report = run_rank(options)
     else:
-        nproc = 3 if args.nproc is None else args.nproc
-        if nproc < 1:
-            raise ValueError(f"--nproc must be at least 1, got {nproc}")
         report = spawn_local(run_rank, nproc, options)[0]
     if report is None:  # not rank 0: rank 0 prints
         return 0

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
+from shardwise.cli.nproc import check_nproc
 from shardwise.cli.storage import add_storage_option, storage_options
 from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
 from shardwise.distributed.consistency import together
@@ -58,8 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="what to build from edge patterns (default: digraph)")
     parser.add_argument("--nproc", type=int, default=None,
                         help="spawn this many local gloo ranks (default: torchrun's, or 1)")
-    parser.add_argument("--delimiter", default=",",
-                        help="field separator, one character (default: ,)")
+    parser.add_argument("--delimiter", default=",", type=_delimiter,
+                        help="field separator, one character; \\t for a tab (default: ,)")
     parser.add_argument("--ids", default="int", choices=("int", "str"),
                         help="int: ids are 64-bit integers; str: any text, hashed to 63-bit "
                              "integers (default: int)")
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in
                ("paths", "pattern", "kind", "delimiter", "ids", "on_error", "save", "columns")}
     options["storage_options"] = storage_options(args.storage_options)
+    if args.save is not None and args.save.exists() and not args.save.is_dir():
+        raise ValueError(f"--save {args.save} is a file: name a folder (it is made if need be)")
     if args.nproc is None:
         with process_group_from_env():
             report = load_rank(options)
@@ -88,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if "WORLD_SIZE" in os.environ:
         raise ValueError("--nproc cannot be used under torchrun, which starts the ranks itself")
-    if args.nproc < 1:
-        raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    check_nproc(args.nproc)
     _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
     return 0
 
@@ -181,6 +183,15 @@ def _rank_lines(the_plan: Plan, rank: int, on_error: str) -> tuple[list[str], li
                                        f"not valid UTF-8 ({error.reason}); re-encode the file "
                                        "as UTF-8"))
     return lines, bad, bytes_read
+
+
+def _delimiter(text: str) -> str:
+    r"""The field separator: ``\t``, which a shell passes as two characters, is a tab.
+
+    >>> _delimiter("\t"), _delimiter("\\t"), _delimiter(";")
+    ('\t', '\t', ';')
+    """
+    return "\t" if text in ("\\t", "\\\\t") else text
 
 
 def _column_names(text: str) -> tuple[str, ...]:

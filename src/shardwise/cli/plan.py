@@ -42,6 +42,7 @@ DESCRIPTION = (
     "groups in Parquet or Arrow IPC files."
 )
 MAX_SIZE = 2**63 - 1  # sample indices are int64
+MAX_EPOCHS = 1000  # every epoch asked for is computed and shown: more is no longer a plan to read
 _BATCH_EDGE = 4  # a longer batch shows its first and last 4 samples
 _MAX_LISTED = 20  # repeated and dropped samples listed by value
 _WIDE = 1 << 20  # a piped table is as wide as it needs
@@ -81,7 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--size", type=int, default=7, help="number of samples (default 7)")
     parser.add_argument("--world-size", type=int, default=3, help="number of ranks (default 3)")
     parser.add_argument("--batch-size", type=int, default=2, help="per-rank batch (default 2)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs to show (default 2)")
+    parser.add_argument("--epochs", type=int, default=2,
+                        help=f"epochs to show, at most {MAX_EPOCHS:,} (default 2)")
     parser.add_argument("--no-shuffle", action="store_true", help="keep dataset order")
     parser.add_argument("--seed", type=int, default=0,
                         help="shuffle seed, the same on every rank (default 0)")
@@ -135,6 +137,9 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{flag} must be at least 1, got {getattr(args, name)}")
+    if args.epochs > MAX_EPOCHS:
+        raise ValueError(f"--epochs must be at most {MAX_EPOCHS:,}, as each epoch is computed "
+                         f"and printed; got {args.epochs:,}")
     if not 0 <= args.size <= MAX_SIZE:
         raise ValueError(f"--size must be in [0, 2**63 - 1], got {args.size}")
     if not args.no_shuffle and args.permutation == "torch" and args.size >= TORCH_ORDER_WARN_SIZE:

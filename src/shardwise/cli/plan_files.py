@@ -14,6 +14,8 @@ import argparse
 import json
 from typing import Any
 
+from rich.console import Console
+
 from shardwise.cli.storage import storage_options
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan, input_plan
@@ -30,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(as_json(the_plan)))
     else:
-        print(the_plan, end="")  # its table, which ends its own line
+        # Never wraps a path; draws ASCII boxes where the output takes nothing else.
+        Console(width=10_000, color_system=None, highlight=False).print(the_plan)
     return 0
 
 

@@ -41,6 +41,24 @@ from shardwise.files import load_vectors
 
 FEATURES, CLASSES = 8, len(CLASS_SHARES)
 BATCH = 4 * CLASSES  # a multiple of the classes: every class in every batch
+# Per rank, 32 samples to train (two whole batches, so the resume stops after the first) and 8
+# to evaluate; more than a million would no longer be a demo's small set, gathered on every rank.
+FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES = 40, 1_000_000
+
+
+def check_samples(samples: int, world: int) -> None:
+    """Refuse a ``--samples`` the demo cannot run on ``world`` ranks.
+
+    >>> check_samples(3001, 3)
+    >>> check_samples(10, 3)
+    Traceback (most recent call last):
+    ValueError: --samples must be in [120, 1,000,000] for 3 ranks (40 a rank), got 10
+    """
+    fewest = FEWEST_SAMPLES_PER_RANK * world
+    if not fewest <= samples <= MOST_SAMPLES:
+        raise ValueError(f"--samples must be in [{fewest:,}, {MOST_SAMPLES:,}] for {world:,} "
+                         f"rank{'s' if world > 1 else ''} ({FEWEST_SAMPLES_PER_RANK} a rank), "
+                         f"got {samples:,}")
 
 
 def run_rank(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -83,6 +101,7 @@ def _train(model, x, y, training, options) -> list[dict[str, Any]]:
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     data = TensorDataset(torch.from_numpy(training), x[training], y[training])
+    present = len(torch.unique(y[training]))  # a small set may lack the rarest class
     sampler = ClassBalancedSampler(y[training], seed=options["seed"])
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler, drop_last=True,
                         progress=options["progress"])
@@ -93,7 +112,7 @@ def _train(model, x, y, training, options) -> list[dict[str, Any]]:
         for _, features, labels in loader:
             loss = _step(ddp, optimizer, features, labels)
             samples, batches = samples + len(labels), batches + 1
-            complete += len(torch.unique(labels)) == CLASSES
+            complete += len(torch.unique(labels)) == present
             drawn += np.bincount(labels.numpy(), minlength=CLASSES)
         figures.append({"epoch": epoch, "samples": samples, "batches": batches,
                         "complete": complete, "drawn": drawn.tolist(), "loss": loss.item()})

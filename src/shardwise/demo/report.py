@@ -13,7 +13,7 @@ from shardwise.demo.data import CLASS_SHARES
 def print_report(report: dict[str, Any], console: Console) -> bool:
     """Print the tables; return whether every guarantee held (each checked, and said so)."""
     world = report["world"]
-    console.print(f"[bold]shardwise demo[/bold]: {world} ranks, "
+    console.print(f"[bold]shardwise demo[/bold]: {world} rank{'s' if world > 1 else ''}, "
                   f"{report['seconds']:.1f} s on every rank after start-up\n")
     _heading(console, "1. Files loaded in parallel",
              "each rank reads a share of the bytes, sends each vector to its owner")

@@ -276,15 +276,38 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def env_world_size() -> int:
+    """The number of ranks ``WORLD_SIZE`` gives (as torchrun sets it), or 1 where it is unset.
+
+    >>> env_world_size() if "WORLD_SIZE" not in os.environ else 1
+    1
+    """
+    text = os.environ.get("WORLD_SIZE", "1")
+    try:
+        world = int(text)
+    except ValueError:
+        world = 0
+    if world < 1:
+        raise ValueError(f"environment variable WORLD_SIZE={text!r} is not a number of ranks: "
+                         "torchrun sets it to a positive integer; unset it to run alone")
+    return world
+
+
 @contextmanager
-def process_group_from_env(backend: str = "gloo") -> Iterator[None]:
+def process_group_from_env(backend: str = "gloo", *, alone: bool = False) -> Iterator[None]:
     """Join the process group ``torchrun`` describes (``WORLD_SIZE``, ``RANK``, ...) if none is set up.
 
-    Leaves an existing group alone; with ``WORLD_SIZE`` unset or 1 there is nothing to join.
+    Leaves an existing group alone. With ``WORLD_SIZE`` unset or 1 there is nothing to join,
+    unless ``alone``: then this process joins a group of one, for code that calls collectives.
     """
-    joining = (not torch_dist.is_initialized()) and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    world = env_world_size()
+    joining = (not torch_dist.is_initialized()) and (world > 1 or alone)
     if joining:
-        torch_dist.init_process_group(backend)
+        if world > 1 or {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():
+            torch_dist.init_process_group(backend)
+        else:  # no rendezvous to meet at: a group of one needs only a port of its own
+            torch_dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
+                                          rank=0, world_size=1)
     try:
         yield
     finally:

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import ipc
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
 from shardwise.checks import require_int
@@ -169,11 +169,12 @@ class TablePlan:
                           f"{sum(u.bytes for u, _, _ in share):,}")
         return table
 
+    def __rich__(self) -> Group:
+        return Group(self.describe(), self.table())
+
     def __str__(self) -> str:
         buffer = io.StringIO()
-        console = Console(file=buffer, width=10_000, color_system=None)  # never wraps a line
-        console.print(self.describe())
-        console.print(self.table())
+        Console(file=buffer, width=10_000, color_system=None).print(self)  # never wraps a line
         return buffer.getvalue()
 
 

@@ -50,6 +50,12 @@ _TRANSIENT_TYPES = {
 _MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "BlobNotFound", "ContainerNotFound"}
 _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                  "AuthorizationFailure", "AuthenticationFailed", "Forbidden"}
+# botocore's errors when it finds no credentials to sign a request with (by class name).
+_NO_CREDENTIALS_TYPES = {"NoCredentialsError", "PartialCredentialsError"}
+NO_CREDENTIALS = (
+    "the credentials are missing or incomplete: give them in the environment (AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), as storage_options={'key': ..., 'secret': ...}, or, "
+    "for a public bucket, as storage_options={'anon': True}")
 
 
 @dataclass(frozen=True)
@@ -104,9 +110,15 @@ def retried(call: Callable[[], T], *, name: str, request: str,
 
 def read_range(source: Source, start: int, stop: int) -> bytes:
     """Bytes ``[start, stop)`` of a remote ``source`` (fewer only if it ends sooner)."""
-    return retried(lambda: source.fs.cat_file(source.path, start=start, end=stop),
+    data = retried(lambda: source.fs.cat_file(source.path, start=start, end=stop),
                    name=source.name, request=f"reading bytes [{start:,}, {stop:,})",
                    secrets=source.secrets)
+    if len(data) > stop - start:  # a server that ignores Range answers with the whole file
+        raise OSError(f"{source.name}: asked for bytes [{start:,}, {stop:,}), the server sent "
+                      f"{len(data):,} bytes: it ignores byte ranges (HTTP Range requests), which "
+                      "reading a share of a file needs; serve it from a server that honours "
+                      "them, or copy it to a local disk")
+    return data
 
 
 def current_size(source: Source) -> int:
@@ -225,7 +237,13 @@ def _permanent(error: Exception, name: str, request: str, secrets: frozenset[str
     statuses = {_status(exc) for exc in _chain(error)}
     codes = {_code(exc) for exc in _chain(error)}
     kinds = {kind for exc in _chain(error) for kind in type(exc).__mro__}
+    wrong = _wrong_option(error)
+    if wrong is not None:
+        return ValueError(f"{name}: {request} failed ({_quote(wrong, secrets)}), not tried "
+                          "again: is an option wrong? Check the storage options (storage_options)")
     failed = f"{name}: {request} failed ({_quote(error, secrets)}), not tried again"
+    if {kind.__name__ for kind in kinds} & _NO_CREDENTIALS_TYPES:
+        return PermissionError(f"{failed}: {NO_CREDENTIALS}")
     if statuses & {401, 403} or codes & _DENIED_CODES or PermissionError in kinds:
         return PermissionError(f"{failed}: access was denied; check the credentials "
                                "(storage_options) and the object's permissions")
@@ -233,10 +251,22 @@ def _permanent(error: Exception, name: str, request: str, secrets: frozenset[str
         return FileNotFoundError(f"{failed}: there is no such object; check the URL (was it "
                                  "deleted during the load?)")
     builtin = next(kind for kind in type(error).__mro__ if kind.__module__ == "builtins")
+    if builtin in (Exception, BaseException):  # a client's own error (botocore's): no kind to keep
+        builtin = OSError
     try:
         return builtin(f"{failed}, as errors of this kind do not pass with time")
     except Exception:  # noqa: BLE001 - a built-in needing more arguments (UnicodeDecodeError)
         return OSError(f"{failed}, as errors of this kind do not pass with time")
+
+
+def _wrong_option(error: BaseException) -> BaseException | None:
+    """The error behind a "not found" that is not one: fsspec's http filesystem raises
+    ``FileNotFoundError`` from whatever stops it asking a URL's size, a mistyped option too."""
+    cause = error.__cause__
+    if (isinstance(error, FileNotFoundError) and isinstance(cause, Exception)
+            and not isinstance(cause, OSError) and _status(cause) is None):
+        return cause
+    return None
 
 
 def _quote(error: BaseException, secrets: frozenset[str]) -> str:

@@ -85,7 +85,12 @@ class Source:
         read of fewer than ``buffer_bytes`` asking for that many."""
         if self.remote:
             return io.BufferedReader(RetriedFile(self), buffer_size=buffer_bytes)
-        return self.fs.open(self.path, "rb")
+        try:
+            return self.fs.open(self.path, "rb")
+        except OSError as error:  # it names the absolute path: name the file as the user did
+            hint = ": check its permissions" if isinstance(error, PermissionError) else ""
+            raise type(error)(f"input {self.name!r} cannot be opened "
+                              f"({error.strerror or error}){hint}") from None
 
 
 def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[Source]:
@@ -162,18 +167,21 @@ def _expand_local(url: str, path: str) -> tuple[str, dict[str, int]]:
     """The folder names are relative to, and each file's size, for one local path or glob (a
     path naming a file or directory, ``data[1].txt`` say, is that one, not a glob)."""
     if _is_glob(path) and not os.path.lexists(path):
-        return LocalFileSystem._strip_protocol(_glob_prefix(url)), _glob_local(url, path)
+        root = LocalFileSystem._strip_protocol(_glob_prefix(url))
+        return root, _glob_local(url, path, partial(_local_name, url, root, True))
+    shown = partial(_local_name, url, path, False)
     if os.path.isdir(path):
-        found = _walk_local(path)
+        found = _walk_local(path, shown=shown)
         if not found:
-            raise FileNotFoundError(f"input directory {url!r} holds no files")
+            raise FileNotFoundError(f"input directory {url!r} holds no files (names that start "
+                                    "with . or _ are skipped)")
         return path, found
-    if os.path.isfile(path):
-        return path, {path: os.path.getsize(path)}
+    if os.path.lexists(path):  # a file, or a FIFO, device or broken link, which it names
+        return path, {path: _local_size(path, shown)}
     raise FileNotFoundError(f"input file not found: {url!r} (check the path or URL)")
 
 
-def _glob_local(url: str, pattern: str) -> dict[str, int]:
+def _glob_local(url: str, pattern: str, shown: Callable[[str], str]) -> dict[str, int]:
     """The visible files a local glob matches, and those under the directories it matches.
 
     A real directory is read under one name, the first matched, so a symlink to a sibling
@@ -186,9 +194,9 @@ def _glob_local(url: str, pattern: str) -> dict[str, int]:
     for match in sorted(map(os.path.normpath, glob.glob(pattern, recursive=True))):
         if _hidden(posixpath.relpath(match, prefix), named):
             continue
-        if (size := _local_size(match)) is None:  # a directory, unless walked (``data/**``)
+        if (size := _local_size(match, shown)) is None:  # a directory, unless walked (``**``)
             if _inode(match) not in names:
-                found.update(_walk_local(match, names))
+                found.update(_walk_local(match, names, shown))
         elif names.setdefault(_inode(folder := os.path.dirname(match) or "."), folder) == folder:
             found[match] = size
     if not found:
@@ -219,7 +227,8 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
     if info["type"] == "directory":
         found = _find_remote(fs, path, ask)
         if not found:
-            raise FileNotFoundError(f"input directory {public!r} holds no files")
+            raise FileNotFoundError(f"input directory {public!r} holds no files (names that "
+                                    "start with . or _ are skipped)")
         return path, found
     if info.get("size") is None:
         raise ValueError(f"{public} has no known size (the server sent no Content-Length), so "
@@ -270,17 +279,24 @@ def _find_remote(fs: AbstractFileSystem, folder: str, ask: Callable) -> dict[str
             if not _hidden(posixpath.relpath(p, folder))}
 
 
-def _walk_local(root: str, names: dict[tuple[int, int], str] | None = None) -> dict[str, int]:
+def _walk_local(root: str, names: dict[tuple[int, int], str] | None = None,
+                shown: Callable[[str], str] = str) -> dict[str, int]:
     """The visible files under ``root`` and their sizes, through symlinked directories too.
 
     Each real directory (device and inode) is walked once, under the first name it is reached
     by (``names`` holds those read already), so a link back to an ancestor (a loop) or a second
-    link to a walked directory adds nothing and cannot recurse forever.
+    link to a walked directory adds nothing and cannot recurse forever. Errors name a path as
+    ``shown`` spells it.
     """
     found: dict[str, int] = {}
     names = {} if names is None else names
     names[_inode(root)] = root
-    for folder, folders, files in os.walk(root, followlinks=True, onerror=_raise):
+
+    def unreadable(error: OSError) -> None:
+        raise type(error)(f"input folder {shown(error.filename)!r} cannot be read "
+                          f"({error.strerror})") from None
+
+    for folder, folders, files in os.walk(root, followlinks=True, onerror=unreadable):
         kept = []
         for name in sorted(folders):
             path = os.path.join(folder, name)
@@ -290,33 +306,33 @@ def _walk_local(root: str, names: dict[tuple[int, int], str] | None = None) -> d
         for name in files:
             if not _hidden(name):
                 path = os.path.join(folder, name)
-                if (size := _local_size(path)) is not None:
+                if (size := _local_size(path, shown)) is not None:
                     found[path] = size
     return found
 
 
-def _local_size(path: str) -> int | None:
-    """The size of the regular file at ``path`` (through symlinks); None for a directory."""
+def _local_size(path: str, shown: Callable[[str], str] = str) -> int | None:
+    """The size of the regular file at ``path`` (through symlinks); None for a directory.
+
+    Errors name it as ``shown`` spells it.
+    """
     try:
         info = os.stat(path)
     except OSError as error:  # a dangling symlink, or a loop of symlinks
-        raise FileNotFoundError(f"input {path!r} cannot be opened ({error.strerror}): is it a "
-                                "broken symlink? Fix or remove it") from None
+        what = "a symbolic link that leads nowhere" if os.path.islink(path) else "unreadable"
+        raise FileNotFoundError(f"input {shown(path)!r} is {what} ({error.strerror}): fix or "
+                                "remove it") from None
     if stat.S_ISDIR(info.st_mode):
         return None
     if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"input {path!r} is neither a file nor a directory (a socket, FIFO or "
-                         "device): move it out of the input")
+        raise ValueError(f"input {shown(path)!r} is neither a file nor a directory (a socket, "
+                         "FIFO or device): only regular files can be split and read")
     return info.st_size
 
 
 def _inode(path: str) -> tuple[int, int]:
     info = os.stat(path)
     return info.st_dev, info.st_ino
-
-
-def _raise(error: OSError) -> None:
-    raise error
 
 
 def _identity(source: Source) -> str | tuple[int, int]:
@@ -345,6 +361,11 @@ def _display_name(url: str, fs: AbstractFileSystem, root: str, path: str, globbe
     directories name the same files alike."""
     if "://" in url:
         return public_url(fs.unstrip_protocol(path))
+    return _local_name(url, root, globbed, path)
+
+
+def _local_name(url: str, root: str, globbed: bool, path: str) -> str:
+    """A local ``path`` found under ``root`` as the user spelled it in ``url``."""
     prefix = _glob_prefix(url) if globbed else url
     return prefix if path == root else os.path.normpath(
         os.path.join(prefix, posixpath.relpath(path, root)))
