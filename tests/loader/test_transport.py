@@ -106,6 +106,14 @@ def test_long_index_lists_and_large_pickled_batches_do_not_wait_on_each_other():
     assert batches[3][-1] == "sample-199999"
 
 
+def test_default_collation_stacks_samples_off_the_cpu_where_they_are_as_torchs():
+    collate = SlotCollate()
+    collate.arena = Arena(SharedSlot(1 << 16))
+    stacked = collate([torch.empty(2, device="meta")] * 3)
+    assert stacked.device.type == "meta" and stacked.shape == (3, 2)
+    collate.arena.slot.close()
+
+
 def test_default_collation_writes_straight_into_the_slot():
     slot = SharedSlot(1 << 20)
     collate = SlotCollate()

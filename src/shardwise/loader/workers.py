@@ -100,8 +100,10 @@ class SlotCollate:
 
     def _stack(self, batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Tensor:
         elem = batch[0]
-        if elem.is_nested or elem.layout != torch.strided:
-            return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # torch's own error
+        if elem.is_nested or elem.layout != torch.strided or elem.device.type != "cpu":
+            # torch's own stacking (and error): where the samples are (meta, CUDA), or a layout
+            # the slot cannot hold
+            return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
         out = self.arena.allocate((len(batch), *elem.shape), elem.dtype) if self.arena else None
         return torch.stack(batch, 0, out=out)
 
