@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from shardwise import DataLoader
+from shardwise import DataLoader, shard_iterable
 
 lightning = pytest.importorskip("lightning")
 from .spawned import LeaveTheGroupTogether  # after the skip: it needs lightning
@@ -29,14 +29,39 @@ class Indexed(Dataset):
         return torch.tensor([float(index)])
 
 
+class Counted(torch.utils.data.IterableDataset):
+    """A stream with its length on each rank: Lightning fetches a batch ahead of a loader
+    without one, and its checkpoint would count that batch as trained."""
+
+    def __init__(self, stream: torch.utils.data.IterableDataset, length: int) -> None:
+        self.stream, self.length = stream, length
+
+    def __iter__(self):
+        return iter(self.stream)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def state_dict(self) -> dict:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
+
+
 class Recorder(lightning.LightningModule):
-    def __init__(self, folder: str, run: str) -> None:
+    def __init__(self, folder: str, run: str, streamed: bool = False) -> None:
         super().__init__()
-        self.folder, self.run = folder, run
+        self.folder, self.run, self.streamed = folder, run, streamed
         self.layer = torch.nn.Linear(1, 1)
         self.seen: list[int] = []
 
     def train_dataloader(self) -> DataLoader:
+        if self.streamed:  # shards of 5 samples; Lightning gives every rank rank 0's state
+            shards = [[torch.tensor([float(i)]) for i in range(start, start + 5)]
+                      for start in range(0, SIZE, 5)]
+            stream = Counted(shard_iterable(shards=shards), SIZE // WORLD)
+            return DataLoader(stream, batch_size=BATCH, num_workers=1)
         return DataLoader(Indexed(), batch_size=BATCH, shuffle=True, distributed=True, seed=5,
                           num_workers=1)
 
@@ -60,13 +85,16 @@ def trainer(tmp_path: Path, callbacks: list | tuple = (), **options) -> "lightni
 
 
 @pytest.mark.timeout(300)
-def test_a_run_resumed_mid_epoch_trains_each_sample_once(tmp_path):
+@pytest.mark.parametrize("streamed", [False, True], ids=["sampler", "stream"])
+def test_a_run_resumed_mid_epoch_trains_each_sample_once(tmp_path, streamed):
     checkpoints = tmp_path / "checkpoints"
     saver = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=4,
                                                         save_top_k=-1)
-    trainer(tmp_path, max_steps=4, callbacks=[saver]).fit(Recorder(str(tmp_path), "first"))
+    trainer(tmp_path, max_steps=4, callbacks=[saver]).fit(
+        Recorder(str(tmp_path), "first", streamed))
     (checkpoint,) = checkpoints.glob("*.ckpt")
-    trainer(tmp_path, max_epochs=1).fit(Recorder(str(tmp_path), "second"), ckpt_path=checkpoint)
+    trainer(tmp_path, max_epochs=1).fit(Recorder(str(tmp_path), "second", streamed),
+                                        ckpt_path=checkpoint)
     trained = Counter()
     for run in ("first", "second"):
         for rank in range(WORLD):
