@@ -302,3 +302,34 @@ def test_shards_made_by_functions_are_told_apart_by_what_they_hold():
         assert names == [shard_identity(shard) for shard in shards]  # and the same each time
     # A number it holds is often the rank's own: ranks that list the same shards agree.
     assert len({shard_identity(_reader(rank)) for rank in range(3)}) == 1
+
+
+@pytest.mark.timeout(120)
+def test_another_ranks_state_whose_worker_had_read_its_whole_share_is_refused():
+    # Rank 0's worker 1 ran out first; after that rank 0's workers took turns unlike rank 1's.
+    def loader(rank):
+        return DataLoader(shard_iterable(shards=shards_of([10, 2, 10, 10]), rank=rank,
+                                         world_size=2), batch_size=2, num_workers=2)
+
+    saved = loader(0)
+    iterator = iter(saved)
+    for _ in range(5):
+        next(iterator)
+    state = saved.state_dict()
+    resumed = loader(1)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match="whose consumer 1 had read its whole share"):
+        list(resumed)
+
+
+@pytest.mark.timeout(120)
+def test_persistent_workers_resumed_from_an_ended_epoch_read_the_next_one_whole():
+    def loader():
+        return DataLoader(shard_iterable(shards=shards_of([5, 5, 5, 5]), rank=0, world_size=1),
+                          batch_size=2, num_workers=2, persistent_workers=True)
+
+    first = loader()
+    epoch = [batch for batch in first]
+    resumed = loader()
+    resumed.load_state_dict(first.state_dict())
+    assert [repr(batch) for batch in resumed] == [repr(batch) for batch in epoch]

@@ -87,6 +87,13 @@ class ShardedIterable(IterableDataset):
         """Whether consumers read whole shards (there are enough shards) or pick items."""
         return not self.streamed and len(self.shards) >= consumers
 
+    def shards_of(self, consumer: int, consumers: int) -> range:
+        """The shards ``consumer`` reads: whole ones, round-robin; or every shard, keeping every
+        C-th item (rotated per shard so short shards do not all favour the first consumers)."""
+        if self.by_shard(consumers):
+            return range(consumer, len(self.shards), consumers)
+        return range(len(self.shards))
+
     def __iter__(self) -> Iterator[Any]:
         me, consumers = self.consumer()
         if self._resume and self._consumers not in (None, consumers):
@@ -95,15 +102,22 @@ class ShardedIterable(IterableDataset):
                 f"workers) but this pass has {consumers}: resume with as many workers, or the "
                 "stream would read some items twice and others never")
         self._consumers = consumers
-        whole = self.by_shard(consumers)
-        # Whole shards, round-robin; or every shard, keeping every C-th item (rotated per shard
-        # so short shards do not all favour the first consumers).
-        mine = range(me, len(self.shards), consumers) if whole else range(len(self.shards))
+        mine = self.shards_of(me, consumers)
+        # Placed now, not when the first item is asked for: a loader that puts a state back
+        # and then begins a new pass makes two iterators, and only the second is read.
         first, offset, read, passed = self._place(me, consumers)
         if first > len(mine):
             raise ValueError(f"the state says consumer {me} read {first} shards, but it has "
                              f"{len(mine)}: was it saved with another shard list?")
         self._progress[me] = (first, offset, read)
+        return self._read(me, consumers, first, offset, read, passed)
+
+    def _read(self, me: int, consumers: int, first: int, offset: int, read: int, passed: int
+              ) -> Iterator[Any]:
+        """Consumer ``me``'s items from its shard number ``first`` and ``offset`` items into
+        it, ``read`` of the pass read by then, passing over those up to the ``passed``-th."""
+        whole = self.by_shard(consumers)
+        mine = self.shards_of(me, consumers)
         for number in range(first, len(mine)):
             items = _open(self.shards[mine[number]])
             if not whole:
@@ -116,6 +130,12 @@ class ShardedIterable(IterableDataset):
                     yield item
             offset = 0
             self._progress[me] = (number + 1, 0, read)
+        if read < passed:  # this share ended before the other rank's: they did not go alike
+            raise ValueError(
+                f"this rank's consumer {me} read its whole share ({read} items) before the "
+                f"{passed} that the other rank's state says it had read: its workers did not "
+                "take as many batches as that rank's, so its place cannot be known from that "
+                "state; save a state on every rank and load each rank's own")
 
     def _place(self, me: int, consumers: int) -> tuple[int, int, int, int]:
         """Where consumer ``me`` starts this pass: its shard number, the items read in that
@@ -134,7 +154,8 @@ class ShardedIterable(IterableDataset):
         return 0, 0, 0, self._resume.pop(twin)[2]
 
     def state_dict(self) -> dict[str, Any]:
-        """Each consumer's (shard number among its shards, items read in it): resumes mid-shard."""
+        """Each consumer's (shard number among its shards, items read in it, items read in the
+        pass): resumes mid-shard, and places another rank's consumers (see ``_place``)."""
         return {"version": STATE_VERSION, "world_size": self.world_size,
                 "consumers": self._consumers,
                 "progress": {str(c): list(p) for c, p in self._progress.items()}}
@@ -164,6 +185,24 @@ class ShardedIterable(IterableDataset):
         # None: saved before any pass began.
         self._consumers = None if consumers is None else require_int(
             "saved consumers", consumers, minimum=1)
+        self._check_placeable()
+
+    def _check_placeable(self) -> None:
+        """Refuse another rank's state that cannot place this rank: one of its consumers had
+        read its whole share, after which that rank's workers took turns unlike this one's."""
+        if not self._resume or self._consumers is None:
+            return
+        workers = max(1, self._consumers // self.world_size)
+        if any(consumer // workers == self.rank for consumer in self._resume):
+            return  # this rank's own
+        ended = sorted(c for c, (shard, _, _) in self._resume.items()
+                       if shard >= len(self.shards_of(c, self._consumers)))
+        if ended:
+            raise ValueError(
+                f"the state is another rank's, whose consumer {ended[0]} had read its whole "
+                "share: after that its workers took turns unlike this rank's, so this rank's "
+                "place cannot be known from it; save a state on every rank and load each "
+                "rank's own")
 
     def config(self) -> dict[str, Any]:
         """What every rank must agree on, compared by :func:`shardwise.check_consistent`."""
