@@ -557,12 +557,15 @@ def test_timeout_bounds_the_wait_for_every_worker_to_start():
 
 
 class SlowAtNine(Dataset):
+    def __init__(self, seconds: float = 30) -> None:
+        self.seconds = seconds
+
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if index == 9:
-            time.sleep(30)  # a slow (or hung) sample, in flight when the caller stops
+            time.sleep(self.seconds)  # a slow (or hung) sample, in flight when the caller stops
         return torch.tensor(index)
 
 
@@ -577,8 +580,9 @@ def pinning_without_a_gpu(monkeypatch):
     monkeypatch.setattr(iterator_module, "ProcessPool",
                         lambda *args, **options: pool(*args, **{**options, "pin": False}))
 
-    def loader() -> DataLoader:
-        made = DataLoader(SlowAtNine(), batch_size=2, num_workers=2)
+    def loader(**options) -> DataLoader:
+        made = DataLoader(SlowAtNine(options.pop("seconds", 30)), batch_size=2, num_workers=2,
+                          **options)
         made._pinning = True
         return made
 
@@ -610,4 +614,22 @@ def test_ctrl_c_while_a_stage_waits_for_a_slow_sample_reaches_the_caller_at_once
     assert time.monotonic() - started < 10  # not the 30 s the sample takes
     with pytest.raises(RuntimeError, match=r"ended at an earlier error \(KeyboardInterrupt\)"):
         next(iterator)
+    del iterator
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_leaves_a_pass_with_a_pinning_stage_going(pinning_without_a_gpu, clean):
+    iterator = iter(pinning_without_a_gpu(seconds=2.0, timeout=0.5))
+    for _ in range(4):
+        next(iterator)
+    timeouts = 0
+    while True:  # batch 4 holds the slow sample: asking again waits again, until it comes
+        try:
+            batch = next(iterator)
+            break
+        except RuntimeError as error:
+            assert "timed out after 0.5 seconds" in str(error)
+            timeouts += 1
+    assert timeouts >= 1 and batch.tolist() == [8, 9]
+    assert [b.tolist() for b in iterator][0] == [10, 11]
     del iterator

@@ -46,7 +46,7 @@ class Background(Iterator[Any]):
                     break
                 except queue.Full:
                     continue
-            if self._stopping.is_set() or not item[0]:
+            if self._stopping.is_set() or not (item[0] or _goes_on(item[1])):
                 return
 
     def __next__(self) -> Any:
@@ -101,6 +101,7 @@ class ToDevice(Iterator[tuple[Any, int]]):
         ready = self._next
         if isinstance(ready, Exception):
             self._next = None
+            self._started = not _goes_on(ready)  # (asked again, it fetches again)
             raise ready
         if ready is None:
             raise StopIteration
@@ -116,6 +117,11 @@ class ToDevice(Iterator[tuple[Any, int]]):
         if isinstance(self._next, tuple):  # its memory goes back to its stream once copied
             self._next[2].wait_stream(self._stream)
         self._started, self._next = True, None
+
+
+def _goes_on(error: BaseException) -> bool:
+    """Whether the pass goes on past ``error`` (a timeout), so a stage goes on fetching."""
+    return bool(getattr(error, "pass_goes_on", False))
 
 
 def _copy(batch: Any, device: torch.device, stream: torch.cuda.Stream) -> Any:

@@ -351,9 +351,7 @@ class LoaderIterator(_BaseDataLoaderIter):
                     self.close()
                 raise
             except TimedOut:
-                if self._source is not None:  # (its stages stopped with the error)
-                    self._stop(f"timed out after {self._loader.timeout} seconds")
-                raise
+                raise  # the pass goes on: asking again waits again
             except BaseException as error:  # a dead worker, Ctrl-C: the workers stop now
                 self._stop(type(error).__name__)
                 raise
@@ -499,7 +497,7 @@ class LoaderIterator(_BaseDataLoaderIter):
                                        else max(0.0, min(STAGE_WAIT_SECONDS, left)))
             if event is None and (left is None or left > STAGE_WAIT_SECONDS):
                 raise _NothingYet
-            self._waiting_since = None
+            self._waiting_since = None  # (a timeout too: asking again waits anew)
         if event is None:
             raise TimedOut(f"DataLoader timed out after {self._loader.timeout} seconds")
         self.clock.worked(event.worker, event.busy)

@@ -67,7 +67,9 @@ class WorkerDied(RuntimeError):
 
 class TimedOut(RuntimeError):
     """No batch came within the loader's ``timeout``: the workers go on, and asking again waits
-    again, as with torch's loader."""
+    again, as with torch's loader (stages go on past it too: ``pass_goes_on``)."""
+
+    pass_goes_on = True
 
 
 class WorkersLate(RuntimeError):
