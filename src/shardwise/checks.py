@@ -52,3 +52,16 @@ def require_choice(name: str, value: object, choices: Sequence[str]) -> str:
         accepted = ", ".join(repr(choice) for choice in choices)
         raise ValueError(f"unknown {name} {value!r}; choose one of {accepted}")
     return value  # type: ignore[return-value]
+
+
+def same_saved(saved: object, mine: object) -> bool:
+    """Whether a saved state's field is this object's: an int as an int (3.0 and True are not
+    3 and 1; a NumPy integer is), anything else equal.
+
+    >>> same_saved(np.int64(3), 3), same_saved(3.0, 3), same_saved(True, 1), same_saved("a", "a")
+    (True, False, False, True)
+    """
+    if isinstance(mine, int) and not isinstance(mine, bool):
+        return isinstance(saved, numbers.Integral) and not isinstance(saved, (bool, np.bool_)) \
+            and int(saved) == mine
+    return bool(saved == mine)

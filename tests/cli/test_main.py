@@ -91,3 +91,20 @@ def test_a_reader_that_goes_away_stops_the_command_quietly(format):
     run.stdout.read(10)
     run.stdout.close()  # as `| head -c 10` does
     assert (run.wait(timeout=100), run.stderr.read()) == (141, b"")
+
+
+def test_a_broken_pipe_that_is_not_standard_output_is_an_error(monkeypatch, capsys, tmp_path):
+    import socket
+
+    def sends_to_a_closed_socket(args):
+        mine, theirs = socket.socketpair()
+        theirs.close()
+        with mine:
+            while True:
+                mine.send(b"x" * 65536)
+
+    monkeypatch.setattr(COMMANDS["plan"], "run", sends_to_a_closed_socket)
+    with pytest.raises(SystemExit) as caught:
+        main(["plan"])
+    assert caught.value.code == 2
+    assert "Broken pipe" in capsys.readouterr().err

@@ -4,6 +4,7 @@ of a process killed by SIGPIPE (141), as Unix tools stop: no message, no traceba
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 from collections.abc import Iterator
@@ -23,11 +24,23 @@ def quiet_when_the_reader_goes() -> Iterator[None]:
         yield
         sys.stdout.flush()  # here, not at exit, where the error could only be printed
     except BrokenPipeError:
+        if not _reader_gone():
+            raise  # another pipe (a rank's, a socket): an error to report
         # As Python's documentation advises: the flush at exit must not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(STATUS)
     finally:
         Console.on_broken_pipe = rich_own
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has gone (the kernel flags its end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (OSError, ValueError):  # closed, or not a file at all: not a reader gone
+        return False
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 def _broken_pipe(console: Console) -> None:

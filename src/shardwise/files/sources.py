@@ -318,10 +318,11 @@ def _local_size(path: str, shown: Callable[[str], str] = str) -> int | None:
     """
     try:
         info = os.stat(path)
-    except OSError as error:  # a dangling symlink, or a loop of symlinks
-        what = "a symbolic link that leads nowhere" if os.path.islink(path) else "unreadable"
-        raise FileNotFoundError(f"input {shown(path)!r} is {what} ({error.strerror}): fix or "
-                                "remove it") from None
+    except OSError as error:  # a dangling symlink, a loop of symlinks, a folder closed to us
+        link = os.path.islink(path)
+        what = "a symbolic link that leads nowhere" if link else "unreadable"
+        raise (FileNotFoundError if link else type(error))(
+            f"input {shown(path)!r} is {what} ({error.strerror}): fix or remove it") from None
     if stat.S_ISDIR(info.st_mode):
         return None
     if not stat.S_ISREG(info.st_mode):

@@ -39,10 +39,10 @@ from shardwise.loader.position import (
     PassRecord,
     Resume,
     dataset_states,
+    keeps_states,
     new_record,
     next_pass_states,
     resumable_sampler,
-    stateful,
 )
 from shardwise.loader.randomness import restore_randomness
 from shardwise.loader.stats import Clock
@@ -307,7 +307,8 @@ class LoaderIterator(_BaseDataLoaderIter):
         loader = self._loader
         init_fn = sharding_init_fn(loader.dataset, loader.worker_init_fn)
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
-                          loader.drop_last, init_fn, init_fn is not None or stateful(loader.dataset),
+                          loader.drop_last, init_fn, init_fn is not None or keeps_states(
+                              loader.dataset) or loader._dataset_kind == _DatasetKind.Iterable,
                           self._num_workers, loader.prefetch_factor)
         if loader.worker_type == "thread":
             pool: ProcessPool | ThreadPool = ThreadPool(spec, stream_states)

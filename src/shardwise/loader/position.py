@@ -12,7 +12,8 @@ takes one of three routes, by what the loader iterates:
   are loaded again and dropped (by as many worker processes as the saved pass had).
 
 A Stateful dataset (or its stream's iterator) is put back by its own state instead, kept as
-each batch is delivered: one per worker process, each worker's after its last delivered batch.
+the pass begins (each worker reports its copy's once it made its iterator) and as each batch is
+delivered: one per worker process, each worker's after its last delivered batch.
 
 A state taken before a pass begins, or after one ends, is the start of the next pass (with the
 random states it will draw from): a resume then begins the next epoch whole. So is one taken
@@ -72,8 +73,9 @@ class PassRecord:
     # With worker processes, each one's copy of a Stateful dataset: its states after the last
     # batch it delivered (None: as it started).
     worker_states: list[dict[str, Any] | None] = field(default_factory=list)
-    # The workers whose states are from this pass (it delivered a batch, or its stream ended);
-    # the others' are where they stood as the pass began, and a resume starts them on it anew.
+    # The workers whose states are from this pass (they reported them as it began, after making
+    # their iterators, or delivered a batch, or their stream ended); the others' are where they
+    # stood before the pass, and a resume starts them on it anew.
     begun: set[int] = field(default_factory=set)
     next_worker: int = 0  # the worker the next batch's task goes to (they take turns)
     ended: list[int] = field(default_factory=list)  # workers whose stream ended, in order

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
-from shardwise.checks import require_bool, require_choice, require_int
+from shardwise.checks import require_bool, require_choice, require_int, same_saved
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import mix_ints
 from shardwise.order import PERMUTATIONS, Order, make_order
@@ -352,11 +352,11 @@ def _read_state(state: Mapping[str, Any], sampler: DistributedSampler) -> _Saved
     missing = [key for key in STATE_FIELDS if key not in state]
     if missing:
         raise ValueError(f"not a shardwise sampler state: missing {', '.join(missing)}")
-    if type(state["version"]) is not int or state["version"] != STATE_VERSION:
+    if not same_saved(state["version"], STATE_VERSION):
         raise ValueError(f"sampler state version {state['version']!r} is not {STATE_VERSION}")
     mine = sampler.config()
     for key in STATE_IDENTITY:
-        if not _same(state[key], mine[key]):
+        if not same_saved(state[key], mine[key]):
             raise ValueError(
                 f"the state was saved with {key}={state[key]!r} but this sampler has "
                 f"{key}={mine[key]!r}; build the sampler with the saved {key} to resume"
@@ -371,19 +371,6 @@ def _read_state(state: Mapping[str, Any], sampler: DistributedSampler) -> _Saved
     if consumed > most:
         raise ValueError(f"the state says consumed={consumed} but no rank had more than {most}")
     return _SavedState(epoch, layout, remainder, world, consumed, segments)
-
-
-def _same(saved: object, mine: object) -> bool:
-    """Whether a saved field is this sampler's: an int as an int (3.0 and True are not the
-    seeds 3 and 1), anything else equal.
-
-    >>> _same(np.int64(3), 3), _same(3.0, 3), _same(True, 1), _same("torch", "torch")
-    (True, False, False, True)
-    """
-    if isinstance(mine, int):
-        return isinstance(saved, numbers.Integral) and not isinstance(saved, (bool, np.bool_)) \
-            and int(saved) == mine
-    return bool(saved == mine)
 
 
 def _read_segments(pairs: object, size: int) -> Segments:

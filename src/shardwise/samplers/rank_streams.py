@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
-from shardwise.checks import require_int
+from shardwise.checks import require_int, same_saved
 from shardwise.samplers.passes import EpochSampler
 
 STATE_VERSION = 2  # 2: with the digest of the labels or weights drawn from
@@ -81,7 +81,7 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
         expected = {"version": STATE_VERSION, **self.config(), **drawn_from,
                     "epoch": state["epoch"]}
         for key, value in expected.items():
-            if state.get(key) != value:
+            if not same_saved(state.get(key), value):
                 hint = (f"build the sampler over the {key.split('_')[0]} it was saved with"
                         if key in drawn_from else self._RESUME_HINT)
                 raise ValueError(

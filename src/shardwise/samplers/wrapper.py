@@ -97,12 +97,15 @@ class DistributedSamplerWrapper(DistributedSampler):
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        saved = state.get("order_digest")
-        if saved is not None and (drawn := self._order_of(state["epoch"]).digest()) != saved:
+        # The order first, the position only once it matches: a refused state leaves the
+        # sampler where it stood (the inner sampler has drawn the epoch, as a pass would).
+        saved = state.get("order_digest") if isinstance(state, Mapping) else None
+        if saved is not None and (drawn := self._order_of(
+                self._checked_epoch(state.get("epoch"))).digest()) != saved:
             name = type(self.sampler).__name__
             raise ValueError(
                 f"the wrapped {name} yields another order for epoch {state['epoch']} than it "
                 f"did when the state was saved (digest {drawn}, saved {saved}): resuming needs "
                 f"an order that follows the epoch alone, so give the {name} a set_epoch, or a "
                 "generator seeded from the epoch")
+        super().load_state_dict(state)
