@@ -308,8 +308,7 @@ class LoaderIterator(_BaseDataLoaderIter):
         init_fn = sharding_init_fn(loader.dataset, loader.worker_init_fn)
         spec = WorkerSpec(loader.dataset, loader._dataset_kind, self._auto, loader.collate_fn,
                           loader.drop_last, init_fn, init_fn is not None or keeps_states(
-                              loader.dataset) or loader._dataset_kind == _DatasetKind.Iterable,
-                          self._num_workers, loader.prefetch_factor)
+                              loader.dataset), self._num_workers, loader.prefetch_factor)
         if loader.worker_type == "thread":
             pool: ProcessPool | ThreadPool = ThreadPool(spec, stream_states)
         else:

@@ -51,9 +51,10 @@ class WorkerSpec:
     collate_fn: Callable[[Any], Any]
     drop_last: bool
     init_fn: Callable[[int], None] | None
-    # Each worker says it has started: it ran init_fn, or its copy of a Stateful dataset (or of
-    # a stream, whose iterator may keep a state) is kept from the start: its states once it made
-    # its iterator, as torchdata keeps them.
+    # Each worker says it has started: it ran init_fn, or its copy of a Stateful dataset is kept
+    # from the start: its states once it made its iterator, as torchdata keeps them. (Not for
+    # every stream: an error in its __iter__ is then raised at the first batch, as torch raises
+    # it, and a stream whose iterator alone keeps a state is kept from its first batch.)
     reports_start: bool
     num_workers: int
     slots: int  # batches a worker may have waiting in the main process: prefetch_factor
