@@ -156,7 +156,22 @@ def _load_lines(paths: list[str], storage_options: dict[str, Any], on_error: str
     seconds = {"read+parse": time.perf_counter() - started}
     stats = LoadStats(rank, world_size, bytes_read, len(lines) + len(bad), len(lines), len(lines),
                       len(bad), seconds, tuple(bad[:MAX_EXAMPLES]))
-    return stats, {"lines": np.array(lines, dtype=str)}
+    return stats, packed_lines(lines)
+
+
+def packed_lines(lines: list[str]) -> dict[str, np.ndarray]:
+    r"""``lines`` as saved: their UTF-8 bytes one after another (``text``), and where each begins
+    and ends (``offsets``). A NumPy string array would drop a line's trailing NUL characters and
+    give every line the longest one's width.
+
+    >>> saved = packed_lines(["ab", "", "c\0"])
+    >>> [bytes(saved["text"][a:b]).decode() for a, b in zip(saved["offsets"], saved["offsets"][1:])]
+    ['ab', '', 'c\x00']
+    """
+    encoded = [line.encode("utf-8") for line in lines]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(line) for line in encoded], out=offsets[1:])
+    return {"text": np.frombuffer(b"".join(encoded), dtype=np.uint8), "offsets": offsets}
 
 
 def _rank_lines(the_plan: Plan, rank: int, on_error: str) -> tuple[list[str], list[BadLine], int]:
