@@ -97,8 +97,8 @@ def test_a_malformed_world_size_is_named(tmp_path, command):
                          env={**os.environ, "WORLD_SIZE": "abc"}, check=False)
     assert run.returncode == 2
     assert run.stderr == (f"shardwise {command}: error: environment variable WORLD_SIZE='abc' is "
-                          "not a number of ranks: torchrun sets it to a positive integer; unset "
-                          "it to run alone\n")
+                          "not an integer of at least 1, as torchrun sets it: unset it to run "
+                          "alone\n")
 
 
 @pytest.mark.parametrize("seed", ["-1", str(10**23)])

@@ -22,7 +22,8 @@ from rich.console import Console
 from shardwise.cli.nproc import check_nproc
 from shardwise.demo.job import FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES, check_samples, run_rank
 from shardwise.demo.report import print_report
-from shardwise.distributed.launch import env_world_size, process_group_from_env, spawn_local
+from shardwise.distributed.launch import process_group_from_env, spawn_local
+from shardwise.distributed.world import resolve_world
 
 MOST_SEED = 2**63 - 1  # torch.manual_seed's largest
 # What write_dataset leaves in a folder (its files, and temporaries a stopped run left behind).
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                          "--nproc-per-node instead")
     nproc = 3 if args.nproc is None else args.nproc
     check_nproc(nproc)
-    check_samples(args.samples, env_world_size() if under_torchrun else nproc)
+    check_samples(args.samples, resolve_world()[0] if under_torchrun else nproc)
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=100)  # a log: never squeeze the tables

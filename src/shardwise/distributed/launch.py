@@ -31,6 +31,8 @@ import torch
 import torch.distributed as torch_dist
 import torch.multiprocessing as mp
 
+from shardwise.distributed.world import resolve_world
+
 # After the first failure, how long the other ranks may take to report theirs (so that the
 # lowest rank's error wins) before they are stopped.
 _GRACE_S = 1.0
@@ -276,23 +278,6 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def env_world_size() -> int:
-    """The number of ranks ``WORLD_SIZE`` gives (as torchrun sets it), or 1 where it is unset.
-
-    >>> env_world_size() if "WORLD_SIZE" not in os.environ else 1
-    1
-    """
-    text = os.environ.get("WORLD_SIZE", "1")
-    try:
-        world = int(text)
-    except ValueError:
-        world = 0
-    if world < 1:
-        raise ValueError(f"environment variable WORLD_SIZE={text!r} is not a number of ranks: "
-                         "torchrun sets it to a positive integer; unset it to run alone")
-    return world
-
-
 @contextmanager
 def process_group_from_env(backend: str = "gloo", *, alone: bool = False) -> Iterator[None]:
     """Join the process group ``torchrun`` describes (``WORLD_SIZE``, ``RANK``, ...) if none is set up.
@@ -300,7 +285,7 @@ def process_group_from_env(backend: str = "gloo", *, alone: bool = False) -> Ite
     Leaves an existing group alone. With ``WORLD_SIZE`` unset or 1 there is nothing to join,
     unless ``alone``: then this process joins a group of one, for code that calls collectives.
     """
-    world = env_world_size()
+    world = resolve_world()[0]
     joining = (not torch_dist.is_initialized()) and (world > 1 or alone)
     if joining:
         if world > 1 or {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():

@@ -22,9 +22,9 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None) -> t
     (4, 2)
     """
     if num_replicas is None:
-        num_replicas = _discover("WORLD_SIZE", torch_dist.get_world_size, default=1)
+        num_replicas = _discover("WORLD_SIZE", torch_dist.get_world_size, default=1, minimum=1)
     if rank is None:
-        rank = _discover("RANK", torch_dist.get_rank, default=0)
+        rank = _discover("RANK", torch_dist.get_rank, default=0, minimum=0)
     num_replicas = require_int("num_replicas", num_replicas, minimum=1)
     rank = require_int("rank", rank)
     if not 0 <= rank < num_replicas:  # torch's DistributedSampler's words, for drop-in use
@@ -34,16 +34,20 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None) -> t
     return num_replicas, rank
 
 
-def _discover(env_name: str, from_group, default: int) -> int:
+def _discover(env_name: str, from_group, default: int, minimum: int) -> int:
     if torch_dist.is_available() and torch_dist.is_initialized():
         return int(from_group())
-    value = os.environ.get(env_name)
-    if value is None:
+    text = os.environ.get(env_name)
+    if text is None:
         return default
     try:
-        return int(value)
+        value = int(text)
     except ValueError:
-        raise ValueError(f"environment variable {env_name}={value!r} is not an integer") from None
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"environment variable {env_name}={text!r} is not an integer of at least "
+                         f"{minimum}, as torchrun sets it: unset it to run alone")
+    return value
 
 
 def group_world(group: Any = None) -> tuple[int, int]:
