@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
 from shardwise.cli.nproc import check_nproc
+from shardwise.demo.data import WRITTEN
 from shardwise.demo.job import FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES, check_samples, run_rank
 from shardwise.demo.report import print_report
 from shardwise.distributed.launch import process_group_from_env, spawn_local
 from shardwise.distributed.world import resolve_world
 
 MOST_SEED = 2**63 - 1  # torch.manual_seed's largest
-# What write_dataset leaves in a folder (its files, and temporaries a stopped run left behind).
-DEMO_FILE = re.compile(r"_?part-\d+\.csv(\.\d+)?")
 DESCRIPTION = (
     "The whole system on a small data set: files loaded in parallel, class-balanced DDP "
     "training through shardwise.DataLoader, exact evaluation beside torch's padded one, and an "
@@ -60,7 +58,7 @@ def check_workdir(folder: Path) -> None:
     every file in the folder."""
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--workdir {folder} is a file: name an empty or new folder")
-    others = sorted(p.name for p in folder.iterdir() if not DEMO_FILE.fullmatch(p.name)
+    others = sorted(p.name for p in folder.iterdir() if not WRITTEN.fullmatch(p.name)
                     ) if folder.exists() else []
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")

@@ -8,11 +8,14 @@ same seed writes the same bytes, so every node of a job can write its own copy.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
 CLASS_SHARES = (0.6, 0.25, 0.13, 0.02)
+# The names write_dataset gives its files, and the temporaries a stopped run leaves behind.
+WRITTEN = re.compile(r"_?part-\d+\.csv(\.\d+)?")
 
 
 def write_dataset(folder: Path, samples: int, features: int = 8, files: int = 3,
