@@ -110,14 +110,14 @@ class ShardedIterable(IterableDataset):
             raise ValueError(f"the state says consumer {me} read {first} shards, but it has "
                              f"{len(mine)}: was it saved with another shard list?")
         self._progress[me] = (first, offset, read)
-        return self._read(me, consumers, first, offset, read, passed)
+        return self._read(me, consumers, mine, first, offset, read, passed)
 
-    def _read(self, me: int, consumers: int, first: int, offset: int, read: int, passed: int
-              ) -> Iterator[Any]:
-        """Consumer ``me``'s items from its shard number ``first`` and ``offset`` items into
-        it, ``read`` of the pass read by then, passing over those up to the ``passed``-th."""
+    def _read(self, me: int, consumers: int, mine: range, first: int, offset: int, read: int,
+              passed: int) -> Iterator[Any]:
+        """Consumer ``me``'s items from ``mine``, its shards, from its shard number ``first``
+        and ``offset`` items into it, ``read`` of the pass read by then, passing over those up
+        to the ``passed``-th."""
         whole = self.by_shard(consumers)
-        mine = self.shards_of(me, consumers)
         for number in range(first, len(mine)):
             items = _open(self.shards[mine[number]])
             if not whole:
