@@ -221,6 +221,19 @@ def test_every_rank_resumes_from_rank_0s_loader_state_as_lightning_saves_it(work
     assert seen == everything(sizes)  # each item once, on one rank
 
 
+def test_each_rank_of_two_goes_on_exactly_from_rank_0s_stream_state():
+    streams = [shard_iterable(shards=shards_of([3, 4, 5, 6]), rank=r, world_size=2)
+               for r in (0, 1)]
+    iterators = [iter(stream) for stream in streams]
+    for iterator in iterators:  # in step: as many items each
+        next(iterator)
+    state = streams[0].state_dict()
+    for rank, iterator in enumerate(iterators):
+        resumed = shard_iterable(shards=shards_of([3, 4, 5, 6]), rank=rank, world_size=2)
+        resumed.load_state_dict(state)
+        assert list(resumed) == list(iterator)  # the same rank, or the other one, exactly
+
+
 def test_shards_are_named_alike_on_every_rank_by_what_they_read(tmp_path):
     from shardwise.streams.files import line_shards
 
