@@ -569,30 +569,37 @@ class SlowAtNine(Dataset):
         return torch.tensor(index)
 
 
-@pytest.fixture
-def pinning_without_a_gpu(monkeypatch):
-    """Pinning runs in a stage thread of its own; with no GPU here, only the pinning itself is
-    left out (the thread and how the pass stops it are the real ones)."""
+@pytest.fixture(params=["pinning-stubbed", "gpu"])
+def slow_loader(request, monkeypatch):
+    """Loaders of ``SlowAtNine`` whose batches pass through a stage thread. On a GPU, the real
+    stages: pinning and the copy to the GPU. Elsewhere pinning alone, with only the pinning
+    itself left out (the thread and how the pass stops it are the real ones)."""
     import shardwise.loader.iterator as iterator_module
 
+    def loader(**options) -> DataLoader:
+        dataset = SlowAtNine(options.pop("seconds", 30))
+        if request.param == "gpu":
+            return DataLoader(dataset, batch_size=2, num_workers=2, pin_memory=True,
+                              device="cuda", **options)
+        made = DataLoader(dataset, batch_size=2, num_workers=2, **options)
+        made._pinning = True
+        return made
+
+    if request.param == "gpu":
+        if not torch.cuda.is_available():
+            pytest.skip("needs a GPU")
+        return loader
     monkeypatch.setattr(iterator_module, "pin_batch", lambda batch: batch)
     pool = iterator_module.ProcessPool
     monkeypatch.setattr(iterator_module, "ProcessPool",
                         lambda *args, **options: pool(*args, **{**options, "pin": False}))
-
-    def loader(**options) -> DataLoader:
-        made = DataLoader(SlowAtNine(options.pop("seconds", 30)), batch_size=2, num_workers=2,
-                          **options)
-        made._pinning = True
-        return made
-
     return loader
 
 
 @pytest.mark.timeout(60)
 def test_a_pass_left_while_a_slow_sample_loads_stops_its_stages_and_workers_at_once(
-        pinning_without_a_gpu, clean):
-    for step, _ in enumerate(pinning_without_a_gpu()):
+        slow_loader, clean):
+    for step, _ in enumerate(slow_loader()):
         if step == 3:  # the stage thread now waits for batch 4, the slow one
             break
     def staged() -> list[str]:
@@ -607,8 +614,8 @@ def test_a_pass_left_while_a_slow_sample_loads_stops_its_stages_and_workers_at_o
 
 @pytest.mark.timeout(60)
 def test_ctrl_c_while_a_stage_waits_for_a_slow_sample_reaches_the_caller_at_once(
-        pinning_without_a_gpu, clean):
-    iterator = iter(pinning_without_a_gpu())
+        slow_loader, clean):
+    iterator = iter(slow_loader())
     for _ in range(4):
         next(iterator)
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
@@ -622,8 +629,8 @@ def test_ctrl_c_while_a_stage_waits_for_a_slow_sample_reaches_the_caller_at_once
 
 
 @pytest.mark.timeout(60)
-def test_a_timeout_leaves_a_pass_with_a_pinning_stage_going(pinning_without_a_gpu, clean):
-    iterator = iter(pinning_without_a_gpu(seconds=2.0, timeout=0.5))
+def test_a_timeout_leaves_a_pass_with_a_pinning_stage_going(slow_loader, clean):
+    iterator = iter(slow_loader(seconds=2.0, timeout=0.5))
     for _ in range(4):
         next(iterator)
     timeouts = 0

@@ -240,3 +240,20 @@ def test_a_tensor_subclass_keeps_its_type_and_attributes_on_the_gpu(workers, pin
     assert all(b["boxes"].is_cuda for b in batches)
     assert [b["boxes"][:, 0, 0].tolist() for b in batches] == [
         b["index"].float().tolist() for b in batches]
+
+
+class Named(Nested):
+    """Samples whose batch pickles to more than the pipe takes (it travels in the slot)."""
+
+    def __getitem__(self, index: int) -> dict:
+        return {"index": torch.tensor(index), "names": [f"item-{index}-{k}" for k in range(2_000)]}
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_a_large_pickled_part_of_a_batch_arrives_beside_its_tensors_on_the_gpu(pin):
+    batches = list(DataLoader(Named(), batch_size=8, num_workers=2, pin_memory=pin,
+                              device="cuda"))
+    assert all(b["index"].is_cuda for b in batches)
+    assert [b["index"].tolist() for b in batches] == [list(range(i, i + 8))
+                                                     for i in range(0, 64, 8)]
+    assert [b["names"][-1][-1] for b in batches] == [f"item-{i + 7}-1999" for i in range(0, 64, 8)]
