@@ -8,7 +8,7 @@ import copy
 import queue
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,6 +49,10 @@ class Background(Iterator[Any]):
             if self._stopping.is_set() or not (item[0] or _goes_on(item[1])):
                 return
 
+    def ready(self) -> bool:
+        """Whether ``next`` returns (or raises) at once."""
+        return not self._items.empty()
+
     def __next__(self) -> Any:
         ok, value = self._items.get()
         if ok:
@@ -62,12 +66,17 @@ class Background(Iterator[Any]):
             self._thread.join()
 
 
+_ENDED = object()  # ToDevice's source has ended (or failed)
+
+
 class ToDevice(Iterator[tuple[Any, int]]):
     """Copies each batch's tensors to a CUDA device on a side stream, one batch ahead.
 
-    When the caller takes batch ``k``, batch ``k + 1`` starts copying while the caller works on
-    ``k``; the caller's stream waits only for what is still in flight. An error met while
-    fetching or copying ahead is raised once the batch in hand is delivered: nothing is lost.
+    When the caller takes batch ``k`` and batch ``k + 1`` is already at hand (``ready()``), it
+    starts copying while the caller works on ``k``; a batch not yet at hand is fetched and
+    copied when asked for, so the caller never waits for a later batch than the one it takes.
+    The caller's stream waits only for what is still in flight. An error met while fetching or
+    copying ahead is raised once the batch in hand is delivered: nothing is lost.
 
     The copies are made in memory of the caller's stream (the side stream first waits for what
     the caller queued), not moved there with ``record_stream``: a tensor so recorded makes a CUDA
@@ -75,48 +84,47 @@ class ToDevice(Iterator[tuple[Any, int]]):
     Only a batch taken on another stream than the one current when it was copied is recorded.
     """
 
-    def __init__(self, source: Iterator[tuple[Any, int]], device: torch.device) -> None:
-        self._source, self._device = source, device
+    def __init__(self, source: Iterator[tuple[Any, int]], device: torch.device,
+                 ready: Callable[[], bool] = lambda: False) -> None:
+        self._source, self._device, self._ready = source, device, ready
         self._stream = torch.cuda.Stream(device)
-        # What the caller gets next: a batch copying (with the stream its memory belongs to), an
-        # error to raise, or None at the end. The first fetch waits for the first ``next``, as
-        # it does without a device.
-        self._next: tuple[Any, int, torch.cuda.Stream] | Exception | None = None
-        self._started = False
+        # A batch copying ahead (with the stream its memory belongs to), an error met ahead,
+        # _ENDED, or None: nothing fetched ahead.
+        self._next: tuple[Any, int, torch.cuda.Stream] | Exception | object | None = None
 
-    def _issue(self) -> tuple[Any, int, torch.cuda.Stream] | Exception | None:
+    def _issue(self) -> tuple[Any, int, torch.cuda.Stream] | Exception | object:
         try:
             batch, count = next(self._source)
             owner = torch.cuda.current_stream(self._device)
             self._stream.wait_stream(owner)
             return _copy(batch, self._device, self._stream), count, owner
         except StopIteration:
-            return None
+            return _ENDED
         except Exception as error:  # noqa: BLE001 - raised in its turn, after the batch in hand
             return detached(error)
 
     def __next__(self) -> tuple[Any, int]:
-        if not self._started:
-            self._started, self._next = True, self._issue()
-        ready = self._next
+        ready = self._next if self._next is not None else self._issue()
+        self._next = None
         if isinstance(ready, Exception):
-            self._next = None
-            self._started = not _goes_on(ready)  # (asked again, it fetches again)
+            self._next = None if _goes_on(ready) else _ENDED  # (a timeout: asked again, it waits)
             raise ready
-        if ready is None:
+        if ready is _ENDED:
+            self._next = _ENDED
             raise StopIteration
         batch, count, owner = ready
         current = torch.cuda.current_stream(self._device)
         current.wait_stream(self._stream)
         if current != owner:  # its memory may not be reused before this stream is done with it
             _record(batch, current)
-        self._next = self._issue()
+        if self._ready():
+            self._next = self._issue()
         return batch, count
 
     def close(self) -> None:
         if isinstance(self._next, tuple):  # its memory goes back to its stream once copied
             self._next[2].wait_stream(self._stream)
-        self._started, self._next = True, None
+        self._next = _ENDED
 
 
 def _goes_on(error: BaseException) -> bool:

@@ -195,7 +195,11 @@ class LoaderIterator(_BaseDataLoaderIter):
         if loader._pinning:  # pinned off the main thread, a few batches ahead
             self._source = self._stage(Background(_Batches(self), loader.prefetch_factor or 2))
         if loader._device is not None:
-            self._source = self._stage(ToDevice(self._source or _Batches(self), loader._device))
+            # A batch is copied ahead only when the pinning stage has it at hand: waiting for
+            # it would hold back the batch the caller asked for.
+            ready = self._source.ready if isinstance(self._source, Background) else lambda: False
+            self._source = self._stage(ToDevice(self._source or _Batches(self), loader._device,
+                                                ready))
         loader._on_pass_start(self)
 
     def _put_dataset_back(self) -> None:
