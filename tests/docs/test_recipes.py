@@ -57,7 +57,7 @@ def test_recipe_runs_as_a_whole_script(tmp_path: Path, doc: Path, line: int, cod
     if launch:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={launch.group(1)}", str(script)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280,
                          env=env)
     assert run.returncode == 0, f"{doc.name}:{line} failed:\n{run.stdout}\n{run.stderr[-4000:]}"
