@@ -185,6 +185,9 @@ class _ArrayPickler(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Placed | None:
         kind = type(obj)  # exactly: a subclass (a masked array, say) keeps its own pickling
+        key = id(obj)
+        if kind is torch.Tensor and (obj.is_conj() or obj.is_neg()):
+            obj = obj.resolve_conj().resolve_neg()  # its values, as torch's workers send it
         if kind is torch.Tensor:
             if not _movable(obj) or obj.__dict__:  # attributes set on it: see reducer_override
                 return None
@@ -193,12 +196,12 @@ class _ArrayPickler(pickle.Pickler):
                 return None  # overlapping (unfold, expand): pickled, its storage is the smaller
         elif kind is not np.ndarray or obj.dtype.kind not in "biufcmMV" or obj.dtype.hasobject:
             return None
-        placed = self._placed.get(id(obj))
+        placed = self._placed.get(key)
         if placed is None:
             self.arrays.append(obj)
             placed = (len(self.arrays) - 1, kind is np.ndarray, obj.dtype, tuple(obj.shape),
                       _layout(obj))
-            self._placed[id(obj)] = placed
+            self._placed[key] = placed
         return placed
 
     def reducer_override(self, obj: Any) -> Any:
