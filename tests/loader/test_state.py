@@ -19,6 +19,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 from torch.utils.data import DataLoader as TorchLoader
+from torch.utils.data import DistributedSampler as TorchDistributed
 
 from shardwise import DataLoader, DistributedSampler
 from shardwise.loader.position import StateMismatchError, stateful
@@ -1228,3 +1229,30 @@ def test_a_resumed_streams_state_after_more_batches_is_the_uninterrupted_ones(wo
     fresh.load_state_dict(state)
     values(islice(iter(fresh), 2))
     assert fresh.state_dict() == expected
+
+
+@pytest.mark.parametrize(("saved", "resumed", "match"), [
+    ({"batch_size": 4, "shuffle": True}, {"batch_size": 8, "shuffle": True}, "batch_size=4"),
+    ({"batch_size": 4, "shuffle": True}, {"batch_size": 4}, "sampler='RandomSampler'"),
+    ({"batch_size": 4, "drop_last": True}, {"batch_size": 4}, "drop_last=True"),
+    ({"batch_size": 4}, {"batch_size": 4, "dataset": Indexed(60)}, "samples=50"),
+    ({"batch_size": 4, "sampler": TorchDistributed(Indexed(), num_replicas=3, rank=0)},
+     {"batch_size": 4, "sampler": TorchDistributed(Indexed(), num_replicas=2, rank=0)},
+     "num_replicas=3.*resume on 3 ranks, or use shardwise.DistributedSampler"),
+    ({"batch_size": 4, "dataset": Stream()}, {"batch_size": 8, "dataset": Stream()},
+     "batch_size=4"),
+], ids=["batch_size", "shuffle", "drop_last", "dataset", "world", "stream"])
+def test_a_count_of_batches_made_otherwise_is_refused_by_name(saved, resumed, match):
+    # Without a shardwise sampler, a resume passes over as many batches as were delivered:
+    # counted in other batches, that would repeat or skip samples.
+    def build(options):
+        options = dict(options)
+        return DataLoader(options.pop("dataset", Indexed()), **options)
+
+    loader = build(saved)
+    iterator = iter(loader)
+    next(iterator)
+    state = json.loads(json.dumps(loader.state_dict()))
+    with pytest.raises(StateMismatchError, match=match):
+        build(resumed).load_state_dict(state)
+    build(resumed).load_state_dict(build(saved).state_dict())  # passing over none: any loader

@@ -177,6 +177,8 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
                              "base_seed": (record.base_seed if batches or not record.drew_base_seed
                                            else None),
                              "drew_base_seed": record.drew_base_seed}
+    if record.route != "sampler":
+        state["batching"] = batching(loader)
     if record.route == "sampler":
         # A pass that delivered its whole epoch used the sampler's share, the samples a
         # drop_last batch left out too: the sampler's state then says the epoch ended.
@@ -231,6 +233,35 @@ def _delivered_all(loader: Any, record: PassRecord, sampler: Any) -> bool:
         return record.resumed_batches + record.prefix >= len(loader)
     except TypeError:  # a sampler without a length
         return False
+
+
+def batching(loader: Any) -> dict[str, Any]:
+    """What a count of delivered batches means, for a resume that passes over that many: the
+    loader's batches, of its sampler's order, split over as many ranks."""
+    sampler, batcher = loader.sampler, loader.batch_sampler
+    try:
+        length = None if loader._dataset_kind == _DatasetKind.Iterable else len(sampler)
+    except TypeError:  # a sampler without a length
+        length = None
+    return {"num_replicas": getattr(sampler, "num_replicas", None),
+            "sampler": type(sampler).__qualname__, "samples": length,
+            "batch_sampler": None if batcher is None else type(batcher).__qualname__,
+            "batch_size": loader.batch_size, "drop_last": loader.drop_last}
+
+
+def _check_batching(saved: Any, loader: Any) -> None:
+    """Refuse a count of batches made otherwise than this loader makes them: passing over as
+    many of its own would repeat or skip samples."""
+    for key, now in batching(loader).items():
+        if key in saved and saved[key] != now:
+            hint = (f"a {saved['sampler']} resumes only on the world size it was saved on: "
+                    f"resume on {saved[key]} ranks, or use shardwise.DistributedSampler, which "
+                    "resumes on any" if key == "num_replicas"
+                    else "build the loader as the one that saved it")
+            raise StateMismatchError(
+                f"the state counts batches of a loader with {key}={saved[key]!r}, but this one "
+                f"has {key}={now!r}: passing over as many of its batches would repeat or skip "
+                f"samples; {hint}")
 
 
 def epoch_owner(loader: Any) -> Any | None:
@@ -459,6 +490,8 @@ def read_state(loader: Any, state: Any) -> Resume | None:
         return Resume(skip=0, resumed_batches=before, randomness={},
                       sampler_epoch=getattr(sampler, "epoch", None) if saved_epoch is None
                       else saved_epoch, **common)
+    if batches and isinstance(state.get("batching"), dict):  # (passing over none, any will do)
+        _check_batching(state["batching"], loader)
     unseen = state.get("end_unseen")
     now = state.get("randomness_now")
     return Resume(skip=before, resumed_batches=before,
