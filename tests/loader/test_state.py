@@ -8,6 +8,8 @@ from itertools import islice
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 import torch
 from torch.utils.data import (
     BatchSampler,
@@ -124,6 +126,40 @@ def test_any_ranks_loader_state_resumes_every_rank_of_another_world_size(remaind
         assert sorted(trained.elements()) == list(range(size))
     else:
         assert set(trained) == set(range(size))
+
+
+@settings(max_examples=150, deadline=None)
+@given(size=st.integers(0, 40), world=st.integers(1, 5), new_world=st.integers(1, 5),
+       batch_size=st.integers(1, 6), drop_last=st.booleans(), stop=st.integers(0, 40),
+       saver=st.integers(0, 4))
+@example(size=3, world=4, new_world=2, batch_size=1, drop_last=False, stop=0, saver=3)  # empty
+@example(size=7, world=4, new_world=2, batch_size=1, drop_last=False, stop=1, saver=3)
+@example(size=100, world=3, new_world=2, batch_size=11, drop_last=False, stop=3, saver=1)
+@example(size=17, world=4, new_world=3, batch_size=2, drop_last=True, stop=2, saver=3)
+def test_every_ranks_uneven_state_at_every_step_resumes_any_world_exactly(
+        size, world, new_world, batch_size, drop_last, stop, saver):
+    # In lock step a shorter rank may finish its share a step before the longer ranks (or,
+    # with an empty share, before they begin): its state says where they stand, not that the
+    # epoch ended.
+    def loaders(count):
+        return [DataLoader(Indexed(size), batch_size=batch_size, drop_last=drop_last,
+                           sampler=DistributedSampler(size, count, rank, seed=3,
+                                                      remainder="uneven"))
+                for rank in range(count)]
+
+    steps = max(len(loader) for loader in loaders(world))
+    stop, saver = min(stop, max(0, steps - 1)), saver % world  # a checkpoint within the epoch
+    before, trained = loaders(world), Counter()
+    for loader in before:
+        iterator = iter(loader)
+        trained.update(i for batch in islice(iterator, stop) for i in batch.tolist())
+    state = before[saver].state_dict()
+    for loader in loaders(new_world):
+        loader.load_state_dict(state)
+        trained.update(i for batch in loader for i in batch.tolist())
+    assert max(trained.values(), default=1) == 1  # nothing twice
+    if not drop_last:
+        assert sorted(trained) == list(range(size))  # nothing lost
 
 
 def test_a_resumed_pass_on_more_ranks_counts_its_steps_and_ends_at_its_own_end():

@@ -232,3 +232,14 @@ def test_a_state_saved_again_before_a_pass_keeps_its_meaning():
     last.load_state_dict(resaved)
     last.set_epoch(0)
     assert list(last) == []
+
+
+def test_a_shorter_ranks_whole_share_says_where_the_longer_ranks_stand_given_its_batching():
+    # 7 samples over 4 ranks: shares 2, 2, 2, 1. Rank 3 used its one sample at step 1.
+    short = DistributedSampler(7, 4, 3, remainder="uneven")
+    assert short.state_dict(consumed=1)["consumed"] == 2  # by default: a pass's end
+    assert short.state_dict(consumed=1, batch_size=1)["consumed"] == 1  # they had one step left
+    assert short.state_dict(consumed=1, batch_size=2)["consumed"] == 2  # one batch held all
+    assert short.state_dict(consumed=1, batch_size=2, drop_last=True)["consumed"] == 0
+    with pytest.raises(ValueError, match="batch_size"):
+        short.state_dict(consumed=1, batch_size=0)

@@ -185,7 +185,7 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
         whole = record.finished or _delivered_all(loader, record, sampler)
         state["sampler"] = sampler.state_dict(
             consumed=getattr(sampler, "pass_length", len(sampler)) if whole
-            else record.prefix_samples)
+            else record.prefix_samples, **_batched(loader, sampler))
     else:
         state["randomness"] = encoded(record.randomness)
         if batches and not record.finished:
@@ -219,6 +219,16 @@ def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
     if keeper is not None:
         state["end_unseen"] = {"epoch": keeper.epoch}
     return state
+
+
+def _batched(loader: Any, sampler: Any) -> dict[str, Any]:
+    """How the loader batches an uneven split's share, for its state: a shorter rank's whole
+    share may end a step before the longer ranks' (see ``DistributedSampler.state_dict``)."""
+    batcher = loader.batch_sampler
+    if (getattr(sampler, "remainder", None) != "uneven" or type(batcher) is not BatchSampler
+            or batcher.sampler is not sampler):
+        return {}
+    return {"batch_size": batcher.batch_size, "drop_last": batcher.drop_last}
 
 
 def _delivered_all(loader: Any, record: PassRecord, sampler: Any) -> bool:

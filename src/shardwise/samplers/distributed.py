@@ -274,7 +274,8 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+    def state_dict(self, consumed: int | None = None, *, batch_size: int | None = None,
+                   drop_last: bool = False) -> dict[str, Any]:
         """Where the epoch stands, enough for every rank (of any world size) to resume.
 
         Args:
@@ -282,6 +283,10 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
                 how many indices the pass has handed out, which is ahead of training when a
                 ``DataLoader`` prefetches: with workers, add up the lengths of the batches
                 trained (the last, partial batch too) and pass that.
+            batch_size, drop_last: how the pass is batched. With ``remainder="uneven"``, a
+                shorter rank that used its whole share then knows whether the longer ranks had
+                a batch left at that step (a checkpoint taken before their last one). Without
+                them it takes that they had none, as at a pass's end.
 
         The state is plain data (ints, strings, lists): ``json`` and ``torch.save`` keep it.
         """
@@ -297,9 +302,17 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
             finished = used == share
         done = self._at.offset + used
         if self.remainder == "uneven" and finished:
-            # Shares differ by one: record that every rank finished, or a short rank's state
-            # would hand the long ranks' last samples out again.
-            done = rank_count(self._at.segments.length, self.num_replicas, 0, self.remainder)
+            # Shares differ by one: record where the longest ranks stand, or a short rank's state
+            # would hand their last samples out again (or skip those they had still to take).
+            longest = rank_count(self._at.segments.length, self.num_replicas, 0, self.remainder)
+            done = longest
+            if batch_size is not None:
+                size = require_int("batch_size", batch_size, minimum=1)
+                steps = used // size if drop_last else -(-used // size)
+                their_steps = ((longest - self._at.offset) // size if drop_last
+                               else -(-(longest - self._at.offset) // size))
+                if their_steps > steps:  # their last batch is still to come
+                    done = self._at.offset + steps * size
         return {
             "version": STATE_VERSION,
             **{key: value for key, value in self.config().items() if key != "shuffle"},
