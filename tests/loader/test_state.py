@@ -1292,3 +1292,21 @@ def test_a_count_of_batches_made_otherwise_is_refused_by_name(saved, resumed, ma
     with pytest.raises(StateMismatchError, match=match):
         build(resumed).load_state_dict(state)
     build(resumed).load_state_dict(build(saved).state_dict())  # passing over none: any loader
+
+
+def test_a_loaded_state_whose_sampler_moved_to_another_epoch_saves_that_epochs_start():
+    def loader():
+        return DataLoader(Indexed(40), batch_size=4,
+                          sampler=DistributedSampler(40, 2, 0, seed=0))
+
+    saving = loader()
+    list(islice(saving, 2))
+    resumed = loader()
+    resumed.load_state_dict(saving.state_dict())
+    assert resumed.state_dict() == saving.state_dict()  # as loaded, while its epoch stands
+    resumed.sampler.set_epoch(1)  # the job moves on: the rest of epoch 0 is dropped
+    again = loader()
+    again.load_state_dict(resumed.state_dict())
+    epoch_1 = loader()
+    epoch_1.sampler.set_epoch(1)
+    assert values(again) == values(epoch_1)

@@ -75,6 +75,7 @@ class DataLoader(TorchDataLoader[T_co]):
     # own, as torchdata's StatefulDataLoader has, still works).
     _resume: Resume | None = None
     _loaded: dict[str, Any] | None = None
+    _loaded_epoch: Any = None  # its sampler's epoch, as the state was loaded
     _record: PassRecord | None = None
     _clock: Clock | None = None
     _workers: Workers | None = None  # persistent workers, between passes
@@ -263,13 +264,17 @@ class DataLoader(TorchDataLoader[T_co]):
         loader built the same way (with a shardwise sampler, on any world size).
         """
         if self._record is None and self._loaded is not None:
-            return self._loaded
+            if _epoch_of(self) == self._loaded_epoch:
+                return self._loaded
+            # Its sampler was moved to another epoch since, which the next pass begins whole.
+            return loader_state(self, None)
         return loader_state(self, self._record)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next pass continue the saved one at its next undelivered batch."""
         self._resume = read_state(self, state)
         self._loaded, self._record = state, None
+        self._loaded_epoch = _epoch_of(self)
         self._let_go_of_workers()  # persistent workers hold another pass's seed and dataset
 
     @property
@@ -360,6 +365,11 @@ class _Unsplit:
 
     def config(self) -> dict[str, Any]:
         return self._fields
+
+
+def _epoch_of(loader: DataLoader) -> Any:
+    """The epoch a shardwise sampler stands in (a resume of another epoch is dropped for it)."""
+    return getattr(resumable_sampler(loader), "epoch", None)
 
 
 def _group_size() -> int:
