@@ -1,4 +1,5 @@
 import json
+import re
 from collections import Counter
 from itertools import islice
 
@@ -123,16 +124,24 @@ def test_resume_at_a_trillion_samples_costs_no_replay():
 
 
 @pytest.mark.parametrize(
-    "change,field",
-    [({"size": 41}, "size"), ({"seed": 8}, "seed"), ({"permutation": "feistel"}, "permutation"),
-     ({"shuffle": False}, "permutation")],
+    "change,field,fix",
+    [({"size": 41}, "size", "a dataset of 40 samples"), ({"seed": 8}, "seed", "seed=7"),
+     ({"permutation": "feistel"}, "permutation", "shuffle=True, permutation='torch'"),
+     ({"shuffle": False}, "permutation", "shuffle=True, permutation='torch'")],
 )
-def test_a_state_from_another_configuration_is_refused(change, field):
+def test_a_state_from_another_configuration_is_refused(change, field, fix):
     state = ranks(40, 2)[0].state_dict()
     options = {"size": 40, "seed": 7, **change}
     sampler = DistributedSampler(options.pop("size"), 2, 0, **options)
-    with pytest.raises(ValueError, match=f"saved with {field}=.*this sampler has {field}="):
+    with pytest.raises(ValueError, match=f"saved with {field}=.*this sampler has {field}=.*"
+                                         f"build the sampler with {re.escape(fix)} to resume"):
         sampler.load_state_dict(state)
+
+
+def test_a_state_saved_without_shuffling_says_so_when_refused():
+    state = DistributedSampler(40, 2, 0, shuffle=False).state_dict()
+    with pytest.raises(ValueError, match="permutation='identity'.*with shuffle=False to resume"):
+        DistributedSampler(40, 2, 0).load_state_dict(state)
 
 
 def test_malformed_states_are_refused():

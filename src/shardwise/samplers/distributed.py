@@ -358,6 +358,18 @@ class _SavedState:
     segments: Segments
 
 
+def _argument_for(key: str, saved: Any) -> str:
+    """What gives a sampler a saved identity field (``permutation="identity"`` is what
+    ``shuffle=False`` gives)."""
+    if key == "size":
+        return f"a dataset of {saved!r} samples"
+    if key != "permutation":
+        return f"{key}={saved!r}"
+    if saved == "identity":
+        return "shuffle=False"
+    return f"shuffle=True, permutation={saved!r}" if saved in PERMUTATIONS else f"a {saved}"
+
+
 def _read_state(state: Mapping[str, Any], sampler: DistributedSampler) -> _SavedState:
     """The fields of a saved state, each checked, or an error naming the first bad one."""
     if not isinstance(state, Mapping):
@@ -372,8 +384,8 @@ def _read_state(state: Mapping[str, Any], sampler: DistributedSampler) -> _Saved
         if not same_saved(state[key], mine[key]):
             raise ValueError(
                 f"the state was saved with {key}={state[key]!r} but this sampler has "
-                f"{key}={mine[key]!r}; build the sampler with the saved {key} to resume"
-            )
+                f"{key}={mine[key]!r}; build the sampler with {_argument_for(key, state[key])} "
+                "to resume")
     epoch = sampler._checked_epoch(state["epoch"])
     layout = require_choice("saved layout", state["layout"], LAYOUTS)
     remainder = require_choice("saved remainder", state["remainder"], REMAINDERS)
