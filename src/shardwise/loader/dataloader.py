@@ -77,6 +77,7 @@ class DataLoader(TorchDataLoader[T_co]):
     _loaded: dict[str, Any] | None = None
     _loaded_epoch: Any = None  # its sampler's epoch, as the state was loaded
     _record: PassRecord | None = None
+    _live: weakref.ref[LoaderIterator] | None = None  # the pass it records, while it lives
     _clock: Clock | None = None
     _workers: Workers | None = None  # persistent workers, between passes
     _pass: weakref.ref[LoaderIterator] | None = None  # the pass on them, if still alive
@@ -195,7 +196,8 @@ class DataLoader(TorchDataLoader[T_co]):
         """A copy (``copy.deepcopy``, pickling) is the same loader, at the same place, with no
         workers or pass of its own: it starts its own when iterated."""
         state = self.__dict__.copy()
-        state.update(_workers=None, _pass=None, _kept=None, _bar=None, _datapipe_group=None)
+        state.update(_workers=None, _pass=None, _live=None, _kept=None, _bar=None,
+                     _datapipe_group=None)
         return state
 
     def __iter__(self) -> LoaderIterator:
@@ -268,7 +270,7 @@ class DataLoader(TorchDataLoader[T_co]):
                 return self._loaded
             # Its sampler was moved to another epoch since, which the next pass begins whole.
             return loader_state(self, None)
-        return loader_state(self, self._record)
+        return loader_state(self, self._record, self._live and self._live())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next pass continue the saved one at its next undelivered batch."""
@@ -304,6 +306,7 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def _on_pass_start(self, current: LoaderIterator) -> None:
         self._clock, self._record, self._loaded = current.clock, current.record, None
+        self._live = weakref.ref(current)
         if self.progress:
             if self._bar is not None:  # a pass left early (break, an error): its bar goes
                 self._bar.close()

@@ -433,6 +433,20 @@ class LoaderIterator(_BaseDataLoaderIter):
                         "for examples.")
         warnings.warn(message, stacklevel=3)
 
+    def look_for_end(self) -> None:
+        """Draw from the sampler until it ends, as the next ``next()`` would, so that a state
+        taken on an epoch's last batch holds the generators as the next epoch finds them (a
+        sampler may draw as it ends: torch's ``RandomSampler`` does). Worker passes draw ahead:
+        they have met it."""
+        if self._fetcher is None:
+            return
+        try:
+            following = next(self._indices)
+        except StopIteration:
+            self._indices = iter(())
+        else:  # (a sampler longer than its length says) kept for the next next()
+            self._indices = itertools.chain([following], self._indices)
+
     def _next_pair(self) -> tuple[Any, int]:
         """The next ``(batch, indices behind it)`` in delivery order; ``StopIteration`` at the end."""
         if self._fetcher is not None:  # no workers: fetch right here

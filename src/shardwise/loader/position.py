@@ -141,12 +141,15 @@ def pass_batches(loader: Any, sampler: Any) -> int | None:
     return None
 
 
-def loader_state(loader: Any, record: PassRecord | None) -> dict[str, Any]:
-    """The state of ``loader`` after what ``record`` says was delivered."""
+def loader_state(loader: Any, record: PassRecord | None, live: Any = None) -> dict[str, Any]:
+    """The state of ``loader`` after what ``record`` says was delivered (``live``: the pass that
+    keeps it, if still going)."""
     sampler = resumable_sampler(loader)
     unseen_end = (record is not None and record.route != "sampler" and not record.finished
                   and _delivered_all(loader, record, sampler))
     keeper = epoch_keeper(loader) if unseen_end else None
+    if unseen_end and live is not None and live.record is record:
+        live.look_for_end()  # the sampler's last draws, made before the next pass's states
     if record is None or not current(loader, record) or unseen_end or (
             record.route != "sampler" and record.finished):
         # No pass yet, the sampler moved on, or the pass ended (or delivered its last batch,
