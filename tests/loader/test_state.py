@@ -1297,7 +1297,13 @@ def test_a_resumed_streams_state_after_more_batches_is_the_uninterrupted_ones(wo
      "num_replicas=3.*resume on 3 ranks, or use shardwise.DistributedSampler"),
     ({"batch_size": 4, "dataset": Stream()}, {"batch_size": 8, "dataset": Stream()},
      "batch_size=4"),
-], ids=["batch_size", "shuffle", "drop_last", "dataset", "world", "stream"])
+    ({"batch_sampler": BatchSampler(RandomSampler(range(50)), 4, False)},
+     {"batch_sampler": BatchSampler(RandomSampler(range(50)), 8, False)}, "batch_size=4"),
+    ({"batch_sampler": BatchSampler(RandomSampler(range(50)), 4, False)},
+     {"batch_sampler": BatchSampler(SequentialSampler(range(50)), 4, False)},
+     "sampler='RandomSampler'"),
+], ids=["batch_size", "shuffle", "drop_last", "dataset", "world", "stream", "batch_sampler",
+        "its_sampler"])
 def test_a_count_of_batches_made_otherwise_is_refused_by_name(saved, resumed, match):
     # Without a shardwise sampler, a resume passes over as many batches as were delivered:
     # counted in other batches, that would repeat or skip samples.
@@ -1309,9 +1315,53 @@ def test_a_count_of_batches_made_otherwise_is_refused_by_name(saved, resumed, ma
     iterator = iter(loader)
     next(iterator)
     state = json.loads(json.dumps(loader.state_dict()))
-    with pytest.raises(StateMismatchError, match=match):
-        build(resumed).load_state_dict(state)
-    build(resumed).load_state_dict(build(saved).state_dict())  # passing over none: any loader
+    other = build(resumed)
+    other.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=match):  # as its pass begins (see below)
+        iter(other)
+    passing_over_none = build(resumed)
+    passing_over_none.load_state_dict(build(saved).state_dict())
+    assert values(passing_over_none)  # a whole pass, as the resumed loader makes it
+
+
+def test_a_count_of_batches_is_checked_against_the_loader_as_its_pass_begins():
+    # A dataset whose length is set for the epoch after the state is loaded; the same batches
+    # through a batch sampler given as the loader made it from batch_size.
+    class Growing(Indexed):
+        pass
+
+    saving = DataLoader(Growing(10), batch_size=2)
+    list(islice(saving, 2))
+    state = saving.state_dict()
+    dataset = Growing(20)
+    resumed = DataLoader(dataset, batch_sampler=BatchSampler(SequentialSampler(dataset), 2,
+                                                             False))
+    resumed.load_state_dict(state)
+    dataset.size = 10
+    assert values(resumed) == [[4, 5], [6, 7], [8, 9]]
+
+
+def test_a_stateful_stream_put_back_by_its_own_state_resumes_on_another_batch_size():
+    class Counting(IterableDataset):
+        def __init__(self) -> None:
+            self.next = 0
+
+        def __iter__(self):
+            while self.next < 12:
+                self.next += 1
+                yield self.next - 1
+
+        def state_dict(self) -> dict:
+            return {"next": self.next}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.next = state["next"]
+
+    saving = DataLoader(Counting(), batch_size=2)
+    list(islice(saving, 2))
+    resumed = DataLoader(Counting(), batch_size=4)
+    resumed.load_state_dict(saving.state_dict())
+    assert values(resumed) == [[4, 5, 6, 7], [8, 9, 10, 11]]
 
 
 def test_a_loaded_state_whose_sampler_moved_to_another_epoch_saves_that_epochs_start():

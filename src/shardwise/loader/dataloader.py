@@ -290,7 +290,7 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def _take_resume(self) -> Resume | None:
         if self._resume is not None:  # refused before it is taken: a loader mended can resume
-            self._resume.check_streams(self)
+            self._resume.check_fit(self)
         resume, self._resume = self._resume, None
         return None if resume is None else resume.applied(self)
 

@@ -228,9 +228,12 @@ def _batched(loader: Any, sampler: Any) -> dict[str, Any]:
     """How the loader batches an uneven split's share, for its state: a shorter rank's whole
     share may end a step before the longer ranks' (see ``DistributedSampler.state_dict``)."""
     batcher = loader.batch_sampler
-    if (getattr(sampler, "remainder", None) != "uneven" or type(batcher) is not BatchSampler
-            or batcher.sampler is not sampler):
+    if getattr(sampler, "remainder", None) != "uneven":
         return {}
+    if batcher is None:  # (batch_size=None) a step a sample
+        return {"batch_size": 1}
+    if type(batcher) is not BatchSampler or batcher.sampler is not sampler:
+        return {}  # batched otherwise: the sampler's own rule
     return {"batch_size": batcher.batch_size, "drop_last": batcher.drop_last}
 
 
@@ -252,6 +255,11 @@ def batching(loader: Any) -> dict[str, Any]:
     """What a count of delivered batches means, for a resume that passes over that many: the
     loader's batches, of its sampler's order, split over as many ranks."""
     sampler, batcher = loader.sampler, loader.batch_sampler
+    size, drop_last = loader.batch_size, loader.drop_last
+    if batcher is not None:  # (given, or made from batch_size): it says how it batches
+        sampler = getattr(batcher, "sampler", sampler)
+        size = getattr(batcher, "batch_size", size)
+        drop_last = getattr(batcher, "drop_last", drop_last)
     try:
         length = None if loader._dataset_kind == _DatasetKind.Iterable else len(sampler)
     except TypeError:  # a sampler without a length
@@ -259,10 +267,10 @@ def batching(loader: Any) -> dict[str, Any]:
     return {"num_replicas": getattr(sampler, "num_replicas", None),
             "sampler": type(sampler).__qualname__, "samples": length,
             "batch_sampler": None if batcher is None else type(batcher).__qualname__,
-            "batch_size": loader.batch_size, "drop_last": loader.drop_last}
+            "batch_size": size, "drop_last": drop_last}
 
 
-def _check_batching(saved: Any, loader: Any) -> None:
+def _check_batching(saved: dict[str, Any], loader: Any) -> None:
     """Refuse a count of batches made otherwise than this loader makes them: passing over as
     many of its own would repeat or skip samples."""
     for key, now in batching(loader).items():
@@ -405,6 +413,9 @@ class Resume:
     unseen_end_of: tuple[int | None] | None = None
     randomness_now: dict[str, Any] | None = None  # the process-wide generators' as it was saved
     taken: int | None = None  # batches of indices its sampler had drawn by then
+    # How the batches it passes over were made (None: it passes over none, or its dataset is
+    # put back by its own state)
+    batching: dict[str, Any] | None = None
 
     def applied(self, loader: Any) -> Resume:
         """This resume as it stands now: once the sampler stands in another epoch (``set_epoch``
@@ -432,9 +443,12 @@ class Resume:
         """Whether the saved pass had delivered anything (else the resume begins a pass)."""
         return self.resumed_batches > 0 or bool(self.ahead)
 
-    def check_streams(self, loader: Any) -> None:
-        """Refuse to resume on another number of worker processes than the state needs (checked
-        as a pass begins, since ``num_workers`` may be set after the state is loaded)."""
+    def check_fit(self, loader: Any) -> None:
+        """Refuse to resume on another number of worker processes than the state needs, or
+        over batches made otherwise than those it counted (checked as a pass begins, since
+        ``num_workers``, or a dataset's length, may be set after the state is loaded)."""
+        if self.batching is not None:
+            _check_batching(self.batching, loader)
         streams = worker_streams(loader)
         if self.streams is None or self.streams == streams:
             return
@@ -503,15 +517,18 @@ def read_state(loader: Any, state: Any) -> Resume | None:
         return Resume(skip=0, resumed_batches=before, randomness={},
                       sampler_epoch=getattr(sampler, "epoch", None) if saved_epoch is None
                       else saved_epoch, **common)
-    if batches and isinstance(state.get("batching"), dict):  # (passing over none, any will do)
-        _check_batching(state["batching"], loader)
+    saved_batching = state.get("batching")
+    if not (batches and isinstance(saved_batching, dict)) or (
+            route == "iterable" and (datasets or any(workers))):
+        saved_batching = None  # it passes over none: any loader will do
     unseen = state.get("end_unseen")
     now = state.get("randomness_now")
     return Resume(skip=before, resumed_batches=before,
                   randomness=decoded(state.get("randomness", {})),
                   unseen_end_of=None if unseen is None else (unseen["epoch"],),
                   randomness_now=None if now is None else decoded(now),
-                  taken=None if state.get("taken") is None else int(state["taken"]), **common)
+                  taken=None if state.get("taken") is None else int(state["taken"]),
+                  batching=saved_batching, **common)
 
 
 def _rank_of(sampler: Any) -> list[Any]:
