@@ -70,7 +70,7 @@ _ENDED = object()  # ToDevice's source has ended (or failed)
 
 
 class ToDevice(Iterator[tuple[Any, int]]):
-    """Copies each batch's tensors to a CUDA device on a side stream, one batch ahead.
+    """Copies each batch's tensors to a CUDA device on a side stream, a batch ahead when it can.
 
     When the caller takes batch ``k`` and batch ``k + 1`` is already at hand (``ready()``), it
     starts copying while the caller works on ``k``; a batch not yet at hand is fetched and

@@ -436,9 +436,9 @@ class LoaderIterator(_BaseDataLoaderIter):
     def look_for_end(self) -> None:
         """Draw from the sampler until it ends, as the next ``next()`` would, so that a state
         taken on an epoch's last batch holds the generators as the next epoch finds them (a
-        sampler may draw as it ends: torch's ``RandomSampler`` does). Worker passes draw ahead:
-        they have met it."""
-        if self._fetcher is None:
+        sampler may draw as it ends: torch's ``RandomSampler`` does). Worker passes, and a
+        stage's thread, draw ahead (and only they may draw from the sampler)."""
+        if self._fetcher is None or self._in_stage:
             return
         try:
             following = next(self._indices)

@@ -180,15 +180,17 @@ class _ArrayPickler(pickle.Pickler):
         # torch's workers pickle with the default protocol: so do these, and what is pickled
         # comes back alike (protocol 5 would bring NumPy arrays back read-only).
         super().__init__(file, protocol=pickle.DEFAULT_PROTOCOL)
-        self.arrays: list[Array] = []  # (they also keep alive the ids in ``_placed``)
+        self.arrays: list[Array] = []
         self._placed: dict[int, Placed] = {}
 
     def persistent_id(self, obj: Any) -> Placed | None:
+        key = id(obj)  # (the batch being pickled keeps each object, and so its id, alive)
+        if (placed := self._placed.get(key)) is not None:  # an array that appears again
+            return placed
         kind = type(obj)  # exactly: a subclass (a masked array, say) keeps its own pickling
-        key = id(obj)
-        if kind is torch.Tensor and (obj.is_conj() or obj.is_neg()):
-            obj = obj.resolve_conj().resolve_neg()  # its values, as torch's workers send it
         if kind is torch.Tensor:
+            if obj.is_conj() or obj.is_neg():
+                obj = obj.resolve_conj().resolve_neg()  # its values, as torch's workers send it
             if not _movable(obj) or obj.__dict__:  # attributes set on it: see reducer_override
                 return None
             if not obj.is_contiguous() and (  # (a contiguous tensor never overlaps itself)
@@ -196,12 +198,10 @@ class _ArrayPickler(pickle.Pickler):
                 return None  # overlapping (unfold, expand): pickled, its storage is the smaller
         elif kind is not np.ndarray or obj.dtype.kind not in "biufcmMV" or obj.dtype.hasobject:
             return None
-        placed = self._placed.get(key)
-        if placed is None:
-            self.arrays.append(obj)
-            placed = (len(self.arrays) - 1, kind is np.ndarray, obj.dtype, tuple(obj.shape),
-                      _layout(obj))
-            self._placed[key] = placed
+        self.arrays.append(obj)
+        placed = (len(self.arrays) - 1, kind is np.ndarray, obj.dtype, tuple(obj.shape),
+                  _layout(obj))
+        self._placed[key] = placed
         return placed
 
     def reducer_override(self, obj: Any) -> Any:

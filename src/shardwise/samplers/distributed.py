@@ -367,7 +367,9 @@ def _argument_for(key: str, saved: Any) -> str:
         return f"{key}={saved!r}"
     if saved == "identity":
         return "shuffle=False"
-    return f"shuffle=True, permutation={saved!r}" if saved in PERMUTATIONS else f"a {saved}"
+    if saved in PERMUTATIONS:
+        return f"shuffle=True, permutation={saved!r}"
+    return f"a {saved}" if str(saved).startswith("wrapped ") else f"the permutation {saved!r}"
 
 
 def _read_state(state: Mapping[str, Any], sampler: DistributedSampler) -> _SavedState:
