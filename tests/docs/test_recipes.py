@@ -46,7 +46,8 @@ def test_every_document_is_scanned_and_has_recipes():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("doc,line,code", RECIPES,
                          ids=[f"{doc.name}:{line}" for doc, line, _ in RECIPES])
-def test_recipe_runs_as_a_whole_script(tmp_path: Path, doc: Path, line: int, code: str) -> None:
+def test_recipe_runs_as_a_whole_script(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                       doc: Path, line: int, code: str) -> None:
     header = "\n".join(line for line in code.splitlines() if line.startswith("#"))
     for package in NEEDS.findall(header):
         pytest.importorskip(package)
@@ -57,7 +58,9 @@ def test_recipe_runs_as_a_whole_script(tmp_path: Path, doc: Path, line: int, cod
     if launch:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={launch.group(1)}", str(script)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    # Its temporary folders under pytest's (a short path: forkserver puts sockets there)
+    temporary = tmp_path_factory.mktemp("tmp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(temporary)}
     run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280,
                          env=env)
     assert run.returncode == 0, f"{doc.name}:{line} failed:\n{run.stdout}\n{run.stderr[-4000:]}"
