@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
@@ -287,6 +288,23 @@ def test_a_long_fvec_line_needs_memory_of_a_few_times_its_bytes(tmp_path: Path) 
     assert features == values.size
     # pyarrow.csv took ~1.2 GB per MB of such a line; the string-kernel path ~6x its bytes.
     assert growth < 10 * len(line), f"peak grew by {growth / len(line):.1f}x the line's bytes"
+
+
+def test_records_stay_within_a_small_factor_of_their_bytes_whatever_the_line_lengths(
+        tmp_path: Path) -> None:
+    """A dense file of short lines in front of long-lined ones: the share read so far projects
+    many times the records there are (about 20x here), which the record array must not grow to."""
+    pad = "0" * 200
+    _write(tmp_path, "".join(f"{i % 10},{i % 7}\n" for i in range(20_000)), "a.txt")
+    _write(tmp_path, "".join(f"{pad}{i},{pad}{i + 1}\n" for i in range(5_000)), "b.txt")
+    tracemalloc.start()  # NumPy reports its buffers to tracemalloc, resizes included
+    try:
+        records, _ = read_records(tmp_path, Format("fmap"), block_bytes=64 * 2**10, threads=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert _edges(records[-1:]) == [(4_999, 5_000, 1.0)] and len(records) == 25_000
+    assert peak < 3 * records.nbytes, f"peak {peak / records.nbytes:.1f}x the records' bytes"
 
 
 def _outcome(path: Path, fmt: Format) -> object:
