@@ -354,6 +354,20 @@ def test_a_byte_order_mark_and_blank_lines_are_not_records(tmp_path):
     assert named["src"].tolist() == string_ids(["a"]).tolist()
 
 
+@pytest.mark.parametrize("pattern", ["fmap", "fset", "fvec"])
+@pytest.mark.parametrize("ids", ["int", "str"])
+@pytest.mark.parametrize("per_line", [False, True])
+def test_a_file_of_only_a_byte_order_mark_is_an_empty_file(tmp_path, pattern, ids, per_line):
+    """Once its mark is taken off, such a file leaves an empty chunk, which every path reads as
+    no lines and no records (fset's string kernels indexed its first byte)."""
+    (tmp_path / "edges.txt").write_bytes(b"1,2|0.5,3\n" if pattern == "fset" else b"1,2\n")
+    fmt = Format(pattern, ids=ids, parser=(lambda line: line.split(",")) if per_line else None)
+    alone, alone_stats = read_records(tmp_path, fmt)
+    (tmp_path / "mark.txt").write_bytes(b"\xef\xbb\xbf")
+    records, stats = read_records(tmp_path, fmt)
+    assert records.tolist() == alone.tolist() and stats.lines == alone_stats.lines == 1
+
+
 def test_doubled_carriage_returns_end_a_line_as_one_does(tmp_path):
     expected = [(1, 2, 1.0), (3, 4, 1.0)]
     path = _write(tmp_path, "1,2\r\r\n3,4\r\n")

@@ -459,7 +459,9 @@ def _line_array(data: bytes) -> pa.Array:
     """The non-blank lines of ``data`` as a pyarrow string array, terminators removed."""
     raw = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(raw == 10)
-    ends = newlines if data.endswith(b"\n") else np.append(newlines, raw.size)
+    # A last line without its \n ends at the end of the data; empty data (a file holding only a
+    # byte order mark leaves none) has no such line.
+    ends = newlines if data.endswith(b"\n") or not data else np.append(newlines, raw.size)
     starts = np.concatenate([[0], newlines + 1])[: ends.size]
     carriage = (ends > starts) & (raw[np.maximum(ends - 1, 0)] == 13)
     keep = raw != 10

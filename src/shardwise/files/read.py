@@ -58,7 +58,7 @@ class Chunk:
         for lo in range(0, raw.size, scratch.size):
             part = raw[lo : lo + scratch.size]
             newlines += int(np.count_nonzero(np.equal(part, 10, out=scratch[: part.size])))
-        return newlines + (not self.data.endswith(b"\n"))
+        return newlines + (bool(self.data) and not self.data.endswith(b"\n"))  # b"": no line
 
     def line_number(self, offset: int = 0) -> int:
         """1-based line number, in its file, of the line holding ``data[offset]``.
