@@ -164,18 +164,20 @@ def read_bytes(
     *,
     storage_options: StorageOptions | None = None,
 ) -> bytes:
-    """All of this rank's lines as one buffer; a ``\\n`` is added where a file lacked its last one.
+    """All of this rank's lines as one buffer; a ``\\n`` is added where a file lacked its last one,
+    and a byte order mark that opens a file is left out, as it is not part of the first line.
 
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (folder / "a").write_bytes(b"one\\ntwo"); _ = (folder / "b").write_bytes(b"three\\n")
+    >>> _ = (folder / "a").write_bytes(b"one\\ntwo"); _ = (folder / "b").write_bytes(b"\\xef\\xbb\\xbfthree\\n")
     >>> read_bytes(folder, rank=0, world_size=1)
     b'one\\ntwo\\nthree\\n'
     """
     parts = []
     for chunk in iter_chunks(paths, rank, world_size, storage_options=storage_options):
-        parts.append(chunk.data)
-        if not chunk.data.endswith(b"\n"):
+        data = without_bom(chunk).data
+        parts.append(data)
+        if data and not data.endswith(b"\n"):  # (a file of only a mark has no line to end)
             parts.append(b"\n")
     return b"".join(parts)
 
