@@ -6,8 +6,9 @@ or ``(id, values)`` (one list column) for vectors. With ``ids="int"`` id columns
 integers; with ``ids="str"`` they hold text (integers are read as their decimal text), hashed as
 the text loader hashes string ids, so the same id gets the same integer from either kind of input.
 
-Dictionary-encoded (categorical) columns are read as their values, and a binary id column's
-bytes are hashed as they are (they need not be UTF-8).
+Text is any of Arrow's string types (string_view, as polars writes, included). Dictionary-encoded
+(categorical) columns are read as their values, and a binary id column's bytes (fixed-size or
+not) are hashed as they are (they need not be UTF-8).
 
 A null in a named column, an id the text loader would refuse too (an empty string, an unsigned
 integer past 2**63 - 1), or a vector of the wrong length or holding a null, is a bad row:
@@ -283,9 +284,13 @@ def _filled(column: pa.ChunkedArray, kind: pa.DataType, fill: float) -> np.ndarr
     return to_numpy(column.cast(kind))
 
 
+# Text and bytes, as each pyarrow has them: the views (polars' text columns) came in pyarrow 16.
+_TEXT_TYPES = frozenset([pa.string(), pa.large_string(), pa.binary(), pa.large_binary(), *(
+    getattr(pa, view)() for view in ("string_view", "binary_view") if hasattr(pa, view))])
+
+
 def _is_text(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
-        kind) or pa.types.is_large_binary(kind)
+    return kind in _TEXT_TYPES or pa.types.is_fixed_size_binary(kind)
 
 
 def _is_list(kind: pa.DataType) -> bool:
