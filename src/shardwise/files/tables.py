@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardwise.files.arrow import from_numpy, to_numpy
+from shardwise.files.arrow_types import is_text
 from shardwise.files.columnar import (
     TablePlan,
     Unit,
@@ -170,9 +171,9 @@ def _ids(table: pa.Table, names: Sequence[str], fmt: Format, file: str,
     for name in names:
         kind = table[name].type
         if fmt.ids == "int" and not pa.types.is_integer(kind):
-            hint = " (pass ids='str' for text ids)" if _is_text(kind) else ""
+            hint = " (pass ids='str' for text ids)" if is_text(kind) else ""
             raise TypeError(f"{file}: id column {name!r} holds {kind}, not integers{hint}")
-        if fmt.ids != "int" and not (_is_text(kind) or pa.types.is_integer(kind)):
+        if fmt.ids != "int" and not (is_text(kind) or pa.types.is_integer(kind)):
             raise TypeError(f"{file}: id column {name!r} holds {kind}, not text or integers")
     if fmt.ids == "int":
         columns = []
@@ -282,15 +283,6 @@ def _filled(column: pa.ChunkedArray, kind: pa.DataType, fill: float) -> np.ndarr
     if column.null_count:
         column = pc.fill_null(column, pa.scalar(fill).cast(column.type))
     return to_numpy(column.cast(kind))
-
-
-# Text and bytes, as each pyarrow has them: the views (polars' text columns) came in pyarrow 16.
-_TEXT_TYPES = frozenset([pa.string(), pa.large_string(), pa.binary(), pa.large_binary(), *(
-    getattr(pa, view)() for view in ("string_view", "binary_view") if hasattr(pa, view))])
-
-
-def _is_text(kind: pa.DataType) -> bool:
-    return kind in _TEXT_TYPES or pa.types.is_fixed_size_binary(kind)
 
 
 def _is_list(kind: pa.DataType) -> bool:
