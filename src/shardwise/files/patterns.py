@@ -33,6 +33,7 @@ import pyarrow.csv as pacsv
 
 from shardwise.checks import require_int
 from shardwise.files.arrow import from_numpy, to_numpy
+from shardwise.files.describe import describe
 from shardwise.files.ids import check_distinct, hash_together, string_ids
 from shardwise.files.read import Chunk, split_lines, without_bom
 from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
@@ -105,14 +106,12 @@ class Format:
             require_int("features", self.features, minimum=1)
 
     def settings(self) -> dict[str, Any]:
-        """The options as plain values that ranks can compare (the parser by its name).
+        """The options as plain values that ranks can compare (the parser as ``describe`` says).
 
         >>> Format("fvec", delimiter=" ").settings()["delimiter"]
         ' '
         """
-        parser = None if self.parser is None else (
-            f"{getattr(self.parser, '__module__', '?')}."
-            f"{getattr(self.parser, '__qualname__', type(self.parser).__qualname__)}")
+        parser = None if self.parser is None else describe(self.parser)
         return {"pattern": self.pattern, "delimiter": self.delimiter, "ids": self.ids,
                 "on_error": self.on_error, "features": self.features, "parser": parser}
 
