@@ -207,6 +207,23 @@ def test_symlinked_directories_are_walked_once_and_loops_end(tmp_path: Path) -> 
     assert read_lines(str(tmp_path / "*" / "linked" / "*.txt"), 0, 1) == ["b"]
 
 
+def test_a_glob_ending_in_a_slash_matches_folders_only(tmp_path: Path) -> None:
+    import fsspec
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "top.txt").write_text("top\n")
+    (tmp_path / "sub" / "in.txt").write_text("in\n")
+    assert read_lines(f"{tmp_path}/*/", 0, 1) == ["in"]  # as a shell's ls -d */
+    assert read_lines(f"{tmp_path}/*", 0, 1) == ["in", "top"]
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/slash/top.txt", b"top\n")
+    memory.pipe("/slash/sub/in.txt", b"in\n")
+    try:
+        assert read_lines("memory://slash/*/", 0, 1) == ["in"]
+    finally:
+        memory.rm("/slash", recursive=True)
+
+
 def test_a_glob_reads_a_directory_reached_by_two_names_once(tmp_path: Path) -> None:
     data = tmp_path / "data"
     (data / "a").mkdir(parents=True)
