@@ -63,6 +63,23 @@ def test_raw_lines_of_a_columnar_file_are_refused_by_name(tmp_path: Path,
     assert "e.parquet is a columnar file: load its rows with --columns" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("options", "says"), [
+    (["--pattern", "fvec", "--kind", "undirected"],
+     "--kind undirected says what to build from edges; --pattern fvec builds vectors"),
+    (["--pattern", "linesplit", "--kind", "matrix"],
+     "--kind matrix says what to build from edges; --pattern linesplit reads raw text lines"),
+    (["--pattern", "linesplit", "--columns", "src,dst"],
+     "--columns reads Parquet or Arrow IPC columns into records; --pattern linesplit reads raw"),
+])
+def test_an_option_the_pattern_has_no_use_for_is_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], says: str) -> None:
+    (tmp_path / "v.csv").write_text("1,0.5\n")
+    with pytest.raises(SystemExit) as caught:
+        main(["load", str(tmp_path / "v.csv"), *options])
+    assert caught.value.code == 2 and says in capsys.readouterr().err
+    assert main(["load", str(tmp_path / "v.csv"), "--pattern", "fvec"]) == 0
+
+
 @pytest.mark.parametrize("spelled", ["\t", "\\t", "\\\\t"])
 def test_a_tab_delimiter_may_be_spelled_as_an_escape(tmp_path: Path, spelled: str) -> None:
     (tmp_path / "e.tsv").write_text("1\t2\n2\t3\t0.5\n")

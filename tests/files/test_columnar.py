@@ -166,6 +166,21 @@ def test_files_differing_only_in_which_columns_may_hold_nulls_read_as_one_table(
     assert read_table(tmp_path, 0, 1)["src"].to_pylist() == [1, 2, 5]
 
 
+def test_files_differing_only_in_the_layout_of_text_or_lists_read_as_one_table(tmp_path):
+    """pyarrow writes string and list, polars large_string and large_list; other types differ."""
+    pq.write_table(pa.table({"src": ["a", "b"], "v": [[1.0], [2.0]]}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"src": pa.array(["c"], pa.large_string()),
+                             "v": pa.array([[3.0]], pa.large_list(pa.float64()))}),
+                   tmp_path / "part-1.parquet")
+    table = read_table(tmp_path, 0, 1)
+    assert table.to_pydict() == {"src": ["a", "b", "c"], "v": [[1.0], [2.0], [3.0]]}
+    assert table.schema.types == [pa.large_string(), pa.large_list(pa.float64())]
+    pq.write_table(pa.table({"src": [4], "v": [[4.0]]}), tmp_path / "part-2.parquet")
+    with pytest.raises(ValueError, match=r"part-2.parquet has columns \['src', 'v'\] of types "
+                                         r"\[DataType\(int64\).*give files of one schema"):
+        read_table(tmp_path, 0, 1)
+
+
 def test_a_parquet_files_nested_field_may_be_named_by_its_path(tmp_path):
     table = pa.table({"id": [1, 2], "st": [{"x": 0, "y": 1}, {"x": 2, "y": 3}]})
     pq.write_table(table, tmp_path / "n.parquet")

@@ -229,6 +229,21 @@ def test_ids_the_text_loader_refuses_are_bad_rows_and_other_encodings_are_read(t
     assert from_text.row_ids.tolist()[0] in graph.row_ids.tolist()  # 'a' hashes alike
 
 
+@pytest.mark.skipif(not hasattr(pa, "string_view"), reason="views came in pyarrow 16")
+@pytest.mark.parametrize("kind", ["string_view", "binary_view", "fixed_size_binary"])
+def test_text_ids_in_view_and_fixed_size_columns_load_as_from_text(tmp_path, kind) -> None:
+    """polars writes text columns as string_view; a UUID's 16 bytes are fixed-size binary."""
+    src, dst = ["anna", "bert", "carl", "dave", "anna"], ["bert", "carl", "anna", "anna", "dave"]
+    (tmp_path / "edges.txt").write_text("".join(f"{a},{b}\n" for a, b in zip(src, dst)))
+    text = _edges(load_graph(tmp_path / "edges.txt", "fmap", ids="str"))
+    type_ = pa.binary(4) if kind == "fixed_size_binary" else getattr(pa, kind)()
+    ids = [[name.encode() for name in column] for column in (src, dst)]
+    _write(pa.table({"src": pa.array(ids[0], type_), "dst": pa.array(ids[1], type_)}),
+           tmp_path / "edges.arrow", "arrow", row_group_size=2)
+    graph = load_graph(tmp_path / "edges.arrow", "fmap", ids="str", columns=("src", "dst"))
+    assert _edges(graph) == text and graph.num_edges == len(src)
+
+
 def test_a_file_that_is_not_parquet_is_named(tmp_path) -> None:
     (tmp_path / "t.parquet").write_text("1,2\n" * 100)
     with pytest.raises(ValueError, match=r"t.parquet is not a readable Parquet file \(Parquet "

@@ -8,7 +8,9 @@ option. After each failed load the group is used again: no rank may be left insi
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,10 @@ def _edges(graph) -> list[tuple[int, int]]:
     return list(zip(src.tolist(), dst.tolist()))
 
 
+def _split_by(separator: str, line: str) -> list[str]:
+    return line.split(separator)
+
+
 def _failures(root: Path) -> dict[str, tuple]:
     """Every scenario, one after another in one group, as this rank saw it."""
     _, rank = group_world()
@@ -72,6 +78,12 @@ def _failures(root: Path) -> dict[str, tuple]:
     kind = "tree" if rank == 2 else "digraph"
     out["bad argument"] = _outcome(lambda: load_graph("data", kind=kind))
     out["agreed plan"] = _outcome(lambda: agreed_plan(in_order[::-1] if rank == 0 else in_order))
+    # Parsers that share a name: every partial is a functools.partial, every split a "split".
+    split = partial(_split_by, ";" if rank == 1 else ",")
+    out["partial parser"] = _outcome(lambda: load_graph("data", parser=split))
+    split_at = re.compile("[,;]" if rank == 2 else ",").split
+    out["bound parser"] = _outcome(lambda: load_graph("data", parser=split_at))
+    out["same parsers"] = _outcome(lambda: load_graph("data", parser=partial(_split_by, ",")))
     out["afterwards"] = sorted(_edges(load_graph("data")))  # the group still works
     return out
 
@@ -121,6 +133,15 @@ def test_every_rank_raises_what_one_rank_met_naming_it(tmp_path: Path) -> None:
     unknown = "rank 2: unknown graph kind 'tree': choose one of digraph, bigraph, undirected"
     assert out["bad argument"][:2] == ("ValueError", unknown)
     assert "file 1 is data/c.txt on rank 0 but data/a.txt on ranks 1, 2" in out["agreed plan"][1]
+    kind, message, _ = out["partial parser"]
+    assert kind == "InconsistentRanksError" and re.search(
+        r"rank 1 has parser=\"partial\(\S+\._split_by, ';'\)\" where ranks 0, 2 have "
+        r"parser=\"partial\(\S+\._split_by, ','\)\"", message), message
+    kind, message, _ = out["bound parser"]
+    assert kind == "InconsistentRanksError" and (
+        "rank 2 has parser=\"re.compile('[,;]', 32).split\" where ranks 0, 1 have "
+        "parser=\"re.compile(',', 32).split\"") in message, message
+    assert out["same parsers"] == ("ok", "", None)  # no address or id in a description
     assert sorted(e for r in range(WORLD) for e in per_rank[r]["afterwards"]) == sorted(EDGES)
 
 

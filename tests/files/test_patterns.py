@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
@@ -289,6 +290,23 @@ def test_a_long_fvec_line_needs_memory_of_a_few_times_its_bytes(tmp_path: Path) 
     assert growth < 10 * len(line), f"peak grew by {growth / len(line):.1f}x the line's bytes"
 
 
+def test_records_stay_within_a_small_factor_of_their_bytes_whatever_the_line_lengths(
+        tmp_path: Path) -> None:
+    """A dense file of short lines in front of long-lined ones: the share read so far projects
+    many times the records there are (about 20x here), which the record array must not grow to."""
+    pad = "0" * 200
+    _write(tmp_path, "".join(f"{i % 10},{i % 7}\n" for i in range(20_000)), "a.txt")
+    _write(tmp_path, "".join(f"{pad}{i},{pad}{i + 1}\n" for i in range(5_000)), "b.txt")
+    tracemalloc.start()  # NumPy reports its buffers to tracemalloc, resizes included
+    try:
+        records, _ = read_records(tmp_path, Format("fmap"), block_bytes=64 * 2**10, threads=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert _edges(records[-1:]) == [(4_999, 5_000, 1.0)] and len(records) == 25_000
+    assert peak < 3 * records.nbytes, f"peak {peak / records.nbytes:.1f}x the records' bytes"
+
+
 def _outcome(path: Path, fmt: Format) -> object:
     """The records read, or the first bad line's number and reason."""
     try:
@@ -334,6 +352,20 @@ def test_a_byte_order_mark_and_blank_lines_are_not_records(tmp_path):
     assert read_lines(_write(tmp_path, "\ufeff", "mark.txt"), 0, 1) == []  # as an empty file
     named = read_records(_write(tmp_path, "\ufeffa,b\n", "s.txt"), Format("fmap", ids="str"))[0]
     assert named["src"].tolist() == string_ids(["a"]).tolist()
+
+
+@pytest.mark.parametrize("pattern", ["fmap", "fset", "fvec"])
+@pytest.mark.parametrize("ids", ["int", "str"])
+@pytest.mark.parametrize("per_line", [False, True])
+def test_a_file_of_only_a_byte_order_mark_is_an_empty_file(tmp_path, pattern, ids, per_line):
+    """Once its mark is taken off, such a file leaves an empty chunk, which every path reads as
+    no lines and no records (fset's string kernels indexed its first byte)."""
+    (tmp_path / "edges.txt").write_bytes(b"1,2|0.5,3\n" if pattern == "fset" else b"1,2\n")
+    fmt = Format(pattern, ids=ids, parser=(lambda line: line.split(",")) if per_line else None)
+    alone, alone_stats = read_records(tmp_path, fmt)
+    (tmp_path / "mark.txt").write_bytes(b"\xef\xbb\xbf")
+    records, stats = read_records(tmp_path, fmt)
+    assert records.tolist() == alone.tolist() and stats.lines == alone_stats.lines == 1
 
 
 def test_doubled_carriage_returns_end_a_line_as_one_does(tmp_path):

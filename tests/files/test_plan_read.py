@@ -113,6 +113,20 @@ def test_a_blank_line_does_not_cut_a_file_short(tmp_path: Path) -> None:
     assert read_lines([first, second], 0, 1, skip_blank=True) == ["a", "b", "c", "d"]
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_read_bytes_holds_the_lines_read_lines_gives_byte_order_marks_left_out(
+        tmp_path: Path, world_size: int) -> None:
+    """A mark opening any file, not only the first, is not part of its first line."""
+    mark = b"\xef\xbb\xbf"
+    for name, data in [("1.txt", mark + b"a\n"), ("2.txt", mark + b"b\nc"), ("3.txt", mark),
+                       ("4.txt", mark + b"\xc3\xa9\n")]:
+        (tmp_path / name).write_bytes(data)
+    for rank in range(world_size):
+        lines = read_lines(tmp_path, rank, world_size)
+        assert read_bytes(tmp_path, rank, world_size) == "".join(f"{line}\n" for line in lines).encode()
+    assert read_bytes(tmp_path, 0, 1) == "a\nb\nc\n\u00e9\n".encode()
+
+
 def test_directories_and_globs_expand_sorted_and_skip_hidden_files(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.txt").write_text("b\n")
@@ -191,6 +205,23 @@ def test_symlinked_directories_are_walked_once_and_loops_end(tmp_path: Path) -> 
     with pytest.raises(ValueError, match=r"linked/b.txt \(the same file as .*c.txt\) is named"):
         plan(root, 1)
     assert read_lines(str(tmp_path / "*" / "linked" / "*.txt"), 0, 1) == ["b"]
+
+
+def test_a_glob_ending_in_a_slash_matches_folders_only(tmp_path: Path) -> None:
+    import fsspec
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "top.txt").write_text("top\n")
+    (tmp_path / "sub" / "in.txt").write_text("in\n")
+    assert read_lines(f"{tmp_path}/*/", 0, 1) == ["in"]  # as a shell's ls -d */
+    assert read_lines(f"{tmp_path}/*", 0, 1) == ["in", "top"]
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/slash/top.txt", b"top\n")
+    memory.pipe("/slash/sub/in.txt", b"in\n")
+    try:
+        assert read_lines("memory://slash/*/", 0, 1) == ["in"]
+    finally:
+        memory.rm("/slash", recursive=True)
 
 
 def test_a_glob_reads_a_directory_reached_by_two_names_once(tmp_path: Path) -> None:

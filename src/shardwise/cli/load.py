@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
              "dst, fsmap the same owned by a grid cell, fset 'src,dst|w,dst:w' (one edge per "
              "target), fvec 'id,f1,...,fk', linesplit raw lines (default: fmap)",
     )
-    parser.add_argument("--kind", default="digraph", choices=(*KINDS, "matrix"),
+    parser.add_argument("--kind", default=None, choices=(*KINDS, "matrix"),
                         help="what to build from edge patterns (default: digraph)")
     parser.add_argument("--nproc", type=int, default=None,
                         help="spawn this many local gloo ranks (default: torchrun's, or 1)")
@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     options["storage_options"] = storage_options(args.storage_options)
     if args.save is not None and args.save.exists() and not args.save.is_dir():
         raise ValueError(f"--save {args.save} is a file: name a folder (it is made if need be)")
+    _check_applicable(args)
+    options["kind"] = args.kind or "digraph"
     if args.nproc is None:
         with process_group_from_env():
             report = load_rank(options)
@@ -94,6 +96,17 @@ def run(args: argparse.Namespace) -> int:
     check_nproc(args.nproc)
     _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
     return 0
+
+
+def _check_applicable(args: argparse.Namespace) -> None:
+    """Refuse, before loading, an option that would have no effect with ``--pattern``."""
+    if args.pattern == "linesplit" and args.columns is not None:
+        raise ValueError("--columns reads Parquet or Arrow IPC columns into records; "
+                         "--pattern linesplit reads raw text lines: drop one of them")
+    if args.pattern in ("linesplit", "fvec") and args.kind is not None:
+        builds = "reads raw text lines" if args.pattern == "linesplit" else "builds vectors"
+        raise ValueError(f"--kind {args.kind} says what to build from edges; --pattern "
+                         f"{args.pattern} {builds}: drop one of them")
 
 
 def load_rank(options: dict) -> list[LoadStats]:
@@ -122,9 +135,6 @@ def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
              for key in ("delimiter", "ids", "on_error", "storage_options", "columns")}
     pattern, kind = options["pattern"], options["kind"]
     if pattern == "linesplit":
-        if options["columns"] is not None:
-            raise ValueError("--columns reads Parquet or Arrow IPC columns into records; "
-                             "--pattern linesplit reads raw text lines: drop one of them")
         return _load_lines(options["paths"], options["storage_options"], options["on_error"])
     if pattern == "fvec":
         vectors = load_vectors(options["paths"], progress=progress, **parse)

@@ -32,6 +32,7 @@ from rich.table import Table
 
 from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
+from shardwise.files.arrow_types import widest
 from shardwise.files.credentials import hide
 from shardwise.files.ids import string_ids
 from shardwise.files.ipc_footer import record_batches
@@ -203,7 +204,8 @@ def read_table(
     ``rank`` / ``world_size`` default to the process group (or ``RANK`` / ``WORLD_SIZE``).
     Every row of the inputs is in exactly one rank's table, in the inputs' order. URLs are
     opened with ``storage_options``; each rank requests only its own row groups' bytes (and the
-    footers).
+    footers). Parts whose columns differ only in the layout of text or lists (pyarrow's
+    ``string`` and polars' ``large_string``) come back in the widest layout (see ``widest``).
 
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -222,12 +224,20 @@ def read_table(
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
         return file_schema(plan.sources[0], columns).empty_table()
     schema = pieces[0].schema
+    types = [widest(kind) for kind in schema.types]
     for (unit, _, _), piece in zip(plan.share(rank), pieces):
-        # Names and types: files that differ only in which columns may hold nulls concatenate
-        if (piece.schema.names, piece.schema.types) != (schema.names, schema.types):
+        # Names and types: files that differ only in which columns may hold nulls concatenate,
+        # and those that differ only in the layout of text or lists (pyarrow's and polars'
+        # parts in one folder) are cast to the widest layout.
+        if (piece.schema.names, [widest(kind) for kind in piece.schema.types]) != (
+                schema.names, types):
             raise ValueError(f"{unit.source.name} has columns {piece.schema.names} of types "
                              f"{piece.schema.types}, unlike the inputs before it "
                              f"({schema.names}, {schema.types}); give files of one schema")
+    if any(piece.schema.types != schema.types for piece in pieces):
+        pieces = [piece.cast(pa.schema([field.with_type(kind) for field, kind in
+                                        zip(piece.schema, types)], piece.schema.metadata))
+                  for piece in pieces]
     return pa.concat_tables(pieces, promote_options="default")
 
 

@@ -33,6 +33,7 @@ import pyarrow.csv as pacsv
 
 from shardwise.checks import require_int
 from shardwise.files.arrow import from_numpy, to_numpy
+from shardwise.files.describe import describe
 from shardwise.files.ids import check_distinct, hash_together, string_ids
 from shardwise.files.read import Chunk, split_lines, without_bom
 from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
@@ -105,14 +106,12 @@ class Format:
             require_int("features", self.features, minimum=1)
 
     def settings(self) -> dict[str, Any]:
-        """The options as plain values that ranks can compare (the parser by its name).
+        """The options as plain values that ranks can compare (the parser as ``describe`` says).
 
         >>> Format("fvec", delimiter=" ").settings()["delimiter"]
         ' '
         """
-        parser = None if self.parser is None else (
-            f"{getattr(self.parser, '__module__', '?')}."
-            f"{getattr(self.parser, '__qualname__', type(self.parser).__qualname__)}")
+        parser = None if self.parser is None else describe(self.parser)
         return {"pattern": self.pattern, "delimiter": self.delimiter, "ids": self.ids,
                 "on_error": self.on_error, "features": self.features, "parser": parser}
 
@@ -207,9 +206,11 @@ class RecordBuilder:
     """One record array of ``dtype`` (``EDGE`` or ``vector_dtype(k)``) filled from column parts.
 
     The array grows in place with ``ndarray.resize`` (``realloc``: a large buffer is remapped, not
-    copied), so every record is written once into memory touched once. The grown tail is
-    zero-filled, so ``done`` (the share of the input these parts complete) sizes the growth to the
-    expected final count.
+    copied), so every record is written once. The grown tail is zero-filled, so each growth is
+    sized to the final count that ``done`` (the share of the input these parts complete)
+    projects, but kept between 1.125x and 2x the records it must hold then: a projection from a
+    dense start of short lines can be many times the records (18x for a dense file in front of
+    long-lined ones), and geometric growth keeps appends amortised O(1).
     """
 
     def __init__(self, dtype: np.dtype) -> None:
@@ -222,11 +223,11 @@ class RecordBuilder:
         size = len(columns[0])
         if size == 0:
             return
-        expect = max(self.count + size, int((self.count + size) / max(done, 1e-9) * 1.02))
+        needed = self.count + size
         if self._records is None:
-            self._records = np.empty(expect, self.dtype)
-        elif self.count + size > len(self._records):
-            self._records.resize(expect, refcheck=False)  # nothing else refers to it
+            self._records = np.empty(_capacity(needed, done), self.dtype)
+        elif needed > len(self._records):
+            self._records.resize(_capacity(needed, done), refcheck=False)  # nothing else refers to it
         part = self._records[self.count : self.count + size]
         for target, column in zip(record_columns(part), columns):
             if isinstance(column, list):  # fvec features one by one: no (rows, k) array between
@@ -243,6 +244,19 @@ class RecordBuilder:
             return np.empty(0, self.dtype)
         records.resize(self.count, refcheck=False)
         return records
+
+
+def _capacity(needed: int, done: float) -> int:
+    """Records to make room for, ``needed`` now with ``done`` of the input read: the projected
+    final count (2% spare), within [1.125x, 2x] ``needed``, or exactly ``needed`` at the end.
+
+    >>> _capacity(100, 0.9), _capacity(100, 0.01), _capacity(100, 0.99), _capacity(100, 1.0)
+    (113, 200, 112, 100)
+    """
+    if done >= 1:
+        return needed
+    projected = int(needed / max(done, 1e-9) * 1.02)
+    return min(max(projected, needed + needed // 8), 2 * needed)
 
 
 _UNTRIED = object()  # the fast path has not been tried on the chunk yet
@@ -444,7 +458,9 @@ def _line_array(data: bytes) -> pa.Array:
     """The non-blank lines of ``data`` as a pyarrow string array, terminators removed."""
     raw = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(raw == 10)
-    ends = newlines if data.endswith(b"\n") else np.append(newlines, raw.size)
+    # A last line without its \n ends at the end of the data; empty data (a file holding only a
+    # byte order mark leaves none) has no such line.
+    ends = newlines if data.endswith(b"\n") or not data else np.append(newlines, raw.size)
     starts = np.concatenate([[0], newlines + 1])[: ends.size]
     carriage = (ends > starts) & (raw[np.maximum(ends - 1, 0)] == 13)
     keep = raw != 10

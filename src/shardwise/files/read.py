@@ -58,7 +58,7 @@ class Chunk:
         for lo in range(0, raw.size, scratch.size):
             part = raw[lo : lo + scratch.size]
             newlines += int(np.count_nonzero(np.equal(part, 10, out=scratch[: part.size])))
-        return newlines + (not self.data.endswith(b"\n"))
+        return newlines + (bool(self.data) and not self.data.endswith(b"\n"))  # b"": no line
 
     def line_number(self, offset: int = 0) -> int:
         """1-based line number, in its file, of the line holding ``data[offset]``.
@@ -164,18 +164,20 @@ def read_bytes(
     *,
     storage_options: StorageOptions | None = None,
 ) -> bytes:
-    """All of this rank's lines as one buffer; a ``\\n`` is added where a file lacked its last one.
+    """All of this rank's lines as one buffer; a ``\\n`` is added where a file lacked its last one,
+    and a byte order mark that opens a file is left out, as it is not part of the first line.
 
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (folder / "a").write_bytes(b"one\\ntwo"); _ = (folder / "b").write_bytes(b"three\\n")
+    >>> _ = (folder / "a").write_bytes(b"one\\ntwo"); _ = (folder / "b").write_bytes(b"\\xef\\xbb\\xbfthree\\n")
     >>> read_bytes(folder, rank=0, world_size=1)
     b'one\\ntwo\\nthree\\n'
     """
     parts = []
     for chunk in iter_chunks(paths, rank, world_size, storage_options=storage_options):
-        parts.append(chunk.data)
-        if not chunk.data.endswith(b"\n"):
+        data = without_bom(chunk).data
+        parts.append(data)
+        if data and not data.endswith(b"\n"):  # (a file of only a mark has no line to end)
             parts.append(b"\n")
     return b"".join(parts)
 

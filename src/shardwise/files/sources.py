@@ -101,8 +101,9 @@ def expand(paths: Paths, storage_options: StorageOptions | None = None) -> list[
     (such as ``_SUCCESS`` markers and ``.crc`` files). A glob matches as Spark's do: a directory
     it matches is walked so, and a file whose path below the glob's fixed folders has a part
     starting with ``.`` or ``_`` (``_tmp/a.txt``) is skipped, unless the glob spells that part
-    out. A file named twice (directly, by a directory or glob, or through a symbolic or hard
-    link) is an error, as its lines would be read twice. A local path that names a file or
+    out; a glob ending in ``/`` matches folders only. A file named twice (directly, by a
+    directory or glob, or through a symbolic or hard link) is an error, as its lines would be
+    read twice. A local path that names a file or
     directory is that one, even with glob characters in its name (``data[1].txt``). URLs are
     opened with ``storage_options`` (fsspec's keyword arguments, such as ``key``, ``secret`` and
     ``endpoint_url`` for ``s3://``).
@@ -168,7 +169,7 @@ def _expand_local(url: str, path: str) -> tuple[str, dict[str, int]]:
     path naming a file or directory, ``data[1].txt`` say, is that one, not a glob)."""
     if _is_glob(path) and not os.path.lexists(path):
         root = LocalFileSystem._strip_protocol(_glob_prefix(url))
-        return root, _glob_local(url, path, partial(_local_name, url, root, True))
+        return root, _glob_local(url, _glob_as_given(url, path), partial(_local_name, url, root, True))
     shown = partial(_local_name, url, path, False)
     if os.path.isdir(path):
         found = _walk_local(path, shown=shown)
@@ -214,7 +215,7 @@ def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
     if _is_glob(path, "*[" if "http" in fs.protocol else "*?["):
         root = _glob_prefix(path)
         root = fs.root_marker if root == "." else root  # a wildcard at the store's top
-        found = _glob_remote(fs, path, root, ask)
+        found = _glob_remote(fs, _glob_as_given(url, path), root, ask)
         if not found:
             raise FileNotFoundError(f"no input file matches the glob {public!r} (names that "
                                     "start with . or _ are skipped)")
@@ -374,6 +375,16 @@ def _local_name(url: str, root: str, globbed: bool, path: str) -> str:
 
 def _is_glob(path: str, wildcards: str = "*?[") -> bool:
     return any(char in path for char in wildcards)
+
+
+def _glob_as_given(url: str, path: str) -> str:
+    """The glob ``path`` with the ``/`` that ends ``url`` put back (fsspec takes it off): a glob
+    ending in ``/`` matches folders only, as in a shell.
+
+    >>> _glob_as_given("data/*/", "/work/data/*"), _glob_as_given("data/*", "/work/data/*")
+    ('/work/data/*/', '/work/data/*')
+    """
+    return path + "/" if url.endswith("/") and not path.endswith("/") else path
 
 
 def _glob_prefix(pattern: str) -> str:

@@ -6,8 +6,9 @@ or ``(id, values)`` (one list column) for vectors. With ``ids="int"`` id columns
 integers; with ``ids="str"`` they hold text (integers are read as their decimal text), hashed as
 the text loader hashes string ids, so the same id gets the same integer from either kind of input.
 
-Dictionary-encoded (categorical) columns are read as their values, and a binary id column's
-bytes are hashed as they are (they need not be UTF-8).
+Text is any of Arrow's string types (string_view, as polars writes, included). Dictionary-encoded
+(categorical) columns are read as their values, and a binary id column's bytes (fixed-size or
+not) are hashed as they are (they need not be UTF-8).
 
 A null in a named column, an id the text loader would refuse too (an empty string, an unsigned
 integer past 2**63 - 1), or a vector of the wrong length or holding a null, is a bad row:
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardwise.files.arrow import from_numpy, to_numpy
+from shardwise.files.arrow_types import is_text
 from shardwise.files.columnar import (
     TablePlan,
     Unit,
@@ -169,9 +171,9 @@ def _ids(table: pa.Table, names: Sequence[str], fmt: Format, file: str,
     for name in names:
         kind = table[name].type
         if fmt.ids == "int" and not pa.types.is_integer(kind):
-            hint = " (pass ids='str' for text ids)" if _is_text(kind) else ""
+            hint = " (pass ids='str' for text ids)" if is_text(kind) else ""
             raise TypeError(f"{file}: id column {name!r} holds {kind}, not integers{hint}")
-        if fmt.ids != "int" and not (_is_text(kind) or pa.types.is_integer(kind)):
+        if fmt.ids != "int" and not (is_text(kind) or pa.types.is_integer(kind)):
             raise TypeError(f"{file}: id column {name!r} holds {kind}, not text or integers")
     if fmt.ids == "int":
         columns = []
@@ -281,11 +283,6 @@ def _filled(column: pa.ChunkedArray, kind: pa.DataType, fill: float) -> np.ndarr
     if column.null_count:
         column = pc.fill_null(column, pa.scalar(fill).cast(column.type))
     return to_numpy(column.cast(kind))
-
-
-def _is_text(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
-        kind) or pa.types.is_large_binary(kind)
 
 
 def _is_list(kind: pa.DataType) -> bool:
