@@ -1327,13 +1327,10 @@ def test_a_count_of_batches_made_otherwise_is_refused_by_name(saved, resumed, ma
 def test_a_count_of_batches_is_checked_against_the_loader_as_its_pass_begins():
     # A dataset whose length is set for the epoch after the state is loaded; the same batches
     # through a batch sampler given as the loader made it from batch_size.
-    class Growing(Indexed):
-        pass
-
-    saving = DataLoader(Growing(10), batch_size=2)
+    saving = DataLoader(Indexed(10), batch_size=2)
     list(islice(saving, 2))
     state = saving.state_dict()
-    dataset = Growing(20)
+    dataset = Indexed(20)
     resumed = DataLoader(dataset, batch_sampler=BatchSampler(SequentialSampler(dataset), 2,
                                                              False))
     resumed.load_state_dict(state)
@@ -1342,26 +1339,11 @@ def test_a_count_of_batches_is_checked_against_the_loader_as_its_pass_begins():
 
 
 def test_a_stateful_stream_put_back_by_its_own_state_resumes_on_another_batch_size():
-    class Counting(IterableDataset):
-        def __init__(self) -> None:
-            self.next = 0
-
-        def __iter__(self):
-            while self.next < 12:
-                self.next += 1
-                yield self.next - 1
-
-        def state_dict(self) -> dict:
-            return {"next": self.next}
-
-        def load_state_dict(self, state: dict) -> None:
-            self.next = state["next"]
-
-    saving = DataLoader(Counting(), batch_size=2)
+    saving = DataLoader(Countdown(), batch_size=2)
     list(islice(saving, 2))
-    resumed = DataLoader(Counting(), batch_size=4)
+    resumed = DataLoader(Countdown(), batch_size=4)
     resumed.load_state_dict(saving.state_dict())
-    assert values(resumed) == [[4, 5, 6, 7], [8, 9, 10, 11]]
+    assert values(resumed) == [[4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
 
 
 def test_a_loaded_state_whose_sampler_moved_to_another_epoch_saves_that_epochs_start():
