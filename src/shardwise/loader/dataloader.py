@@ -29,6 +29,7 @@ from shardwise.loader.position import (
     read_state,
     resumable_sampler,
     resumed_batches,
+    sampler_epoch,
     worker_streams,
 )
 from shardwise.loader.progress import EpochBar
@@ -266,7 +267,7 @@ class DataLoader(TorchDataLoader[T_co]):
         loader built the same way (with a shardwise sampler, on any world size).
         """
         if self._record is None and self._loaded is not None:
-            if _epoch_of(self) == self._loaded_epoch:
+            if sampler_epoch(self) == self._loaded_epoch:
                 return self._loaded
             # Its sampler was moved to another epoch since, which the next pass begins whole.
             return loader_state(self, None)
@@ -276,7 +277,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """Make the next pass continue the saved one at its next undelivered batch."""
         self._resume = read_state(self, state)
         self._loaded, self._record = state, None
-        self._loaded_epoch = _epoch_of(self)
+        self._loaded_epoch = sampler_epoch(self)
         self._let_go_of_workers()  # persistent workers hold another pass's seed and dataset
 
     @property
@@ -368,11 +369,6 @@ class _Unsplit:
 
     def config(self) -> dict[str, Any]:
         return self._fields
-
-
-def _epoch_of(loader: DataLoader) -> Any:
-    """The epoch a shardwise sampler stands in (a resume of another epoch is dropped for it)."""
-    return getattr(resumable_sampler(loader), "epoch", None)
 
 
 def _group_size() -> int:

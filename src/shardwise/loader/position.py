@@ -53,6 +53,12 @@ def resumable_sampler(loader: Any) -> Any | None:
     return None
 
 
+def sampler_epoch(loader: Any) -> Any:
+    """The epoch a shardwise sampler stands in (None without one): a resume or a record of
+    another epoch no longer applies."""
+    return getattr(resumable_sampler(loader), "epoch", None)
+
+
 @dataclass
 class PassRecord:
     """One pass of a loader: how it began and what it has delivered."""
@@ -113,7 +119,7 @@ def current(loader: Any, record: PassRecord) -> bool:
     """Whether ``record`` still describes where the loader stands (its sampler has not moved on)."""
     if record.route != "sampler" or record.sampler_epoch is None:
         return True
-    return getattr(resumable_sampler(loader), "epoch", None) == record.sampler_epoch
+    return sampler_epoch(loader) == record.sampler_epoch
 
 
 def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | None) -> int:
@@ -422,8 +428,7 @@ class Resume:
         before ``iter()``, or a state saved as its epoch ended), that epoch begins whole, as the
         pass after the saved one: its count, early batches and workers' places no longer apply,
         and non-persistent workers draw a new seed."""
-        if self.sampler_epoch is None or getattr(resumable_sampler(loader), "epoch",
-                                                 None) == self.sampler_epoch:
+        if self.sampler_epoch is None or sampler_epoch(loader) == self.sampler_epoch:
             return self
         persistent = loader.persistent_workers
         return replace(self, resumed_batches=0, ahead={}, begun=set(), next_worker=0, ended=[],
