@@ -136,14 +136,21 @@ def pass_batches(loader: Any, sampler: Any) -> int | None:
     """The batches of ``sampler``'s current pass, where a shardwise sampler says how many
     indices it holds (``pass_length``: a resumed one, the rest of its epoch on whatever world
     size resumed it) and the loader batches them itself; else ``None``."""
-    length, batcher = getattr(sampler, "pass_length", None), loader.batch_sampler
-    if length is None:
+    length, own = getattr(sampler, "pass_length", None), _own_batching(loader, sampler)
+    if length is None or own is None:
         return None
+    size, drop_last = own
+    return length // size if drop_last else -(-length // size)
+
+
+def _own_batching(loader: Any, sampler: Any) -> tuple[int, bool] | None:
+    """``(batch size, drop_last)`` when the loader batches ``sampler``'s indices itself (a step
+    a sample without batching); ``None`` when a batch sampler of its own does."""
+    batcher = loader.batch_sampler
     if batcher is None:
-        return length
+        return 1, False
     if type(batcher) is BatchSampler and batcher.sampler is sampler:  # batches as its length says
-        size = batcher.batch_size
-        return length // size if batcher.drop_last else -(-length // size)
+        return batcher.batch_size, batcher.drop_last
     return None
 
 
@@ -233,14 +240,10 @@ def loader_state(loader: Any, record: PassRecord | None, live: Any = None) -> di
 def _batched(loader: Any, sampler: Any) -> dict[str, Any]:
     """How the loader batches an uneven split's share, for its state: a shorter rank's whole
     share may end a step before the longer ranks' (see ``DistributedSampler.state_dict``)."""
-    batcher = loader.batch_sampler
-    if getattr(sampler, "remainder", None) != "uneven":
-        return {}
-    if batcher is None:  # (batch_size=None) a step a sample
-        return {"batch_size": 1}
-    if type(batcher) is not BatchSampler or batcher.sampler is not sampler:
-        return {}  # batched otherwise: the sampler's own rule
-    return {"batch_size": batcher.batch_size, "drop_last": batcher.drop_last}
+    own = _own_batching(loader, sampler)
+    if getattr(sampler, "remainder", None) != "uneven" or own is None:
+        return {}  # (batched otherwise: the sampler's own rule)
+    return {"batch_size": own[0], "drop_last": own[1]}
 
 
 def _delivered_all(loader: Any, record: PassRecord, sampler: Any) -> bool:
