@@ -1362,3 +1362,38 @@ def test_a_loaded_state_whose_sampler_moved_to_another_epoch_saves_that_epochs_s
     epoch_1 = loader()
     epoch_1.sampler.set_epoch(1)
     assert values(again) == values(epoch_1)
+
+
+def test_an_epoch_left_and_set_again_after_a_load_begins_whole():
+    def loader():
+        return DataLoader(Indexed(40), batch_size=4,
+                          sampler=DistributedSampler(40, 2, 0, seed=0))
+
+    saving = loader()
+    list(islice(saving, 2))
+    resumed = loader()
+    resumed.load_state_dict(saving.state_dict())
+    resumed.set_epoch(1)
+    resumed.set_epoch(0)  # back: the sampler dropped the rest of epoch 0 and begins it whole
+    whole = values(loader())
+    assert len(resumed) == len(whole)
+    again = loader()
+    again.load_state_dict(resumed.state_dict())
+    assert values(again) == whole
+    assert values(resumed) == whole
+
+
+def test_a_pass_whose_epoch_was_left_and_set_again_saves_that_epochs_start():
+    def loader():
+        return DataLoader(Indexed(40), batch_size=4,
+                          sampler=DistributedSampler(40, 2, 0, seed=0))
+
+    saving = loader()
+    list(islice(saving, 2))
+    saving.set_epoch(1)
+    saving.set_epoch(0)
+    state = saving.state_dict()
+    assert state["batches"] == 0
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert values(resumed) == values(saving) == values(loader())

@@ -167,3 +167,16 @@ def test_set_epoch_after_a_resumed_pass_ran_out_describes_the_whole_epoch():
     sampler.set_epoch(0)  # epoch 0 again, whole, and said so before the pass begins
     assert sampler.pass_length == 10 == len(sampler.indices())
     assert list(sampler) == torch_epoch(20, 2, 0, 0, seed=1)
+
+
+def test_placement_changes_when_set_epoch_begins_an_epoch_anew_and_only_then():
+    sampler = DistributedSampler(40, 2, 1, seed=3)
+    start = sampler.placement
+    iterator = iter(sampler)
+    list(islice(iterator, 6))
+    sampler.set_epoch(0)  # the epoch a live pass stands in: it goes on counting
+    assert sampler.placement == start
+    sampler.set_epoch(1)
+    sampler.set_epoch(0)  # left and set again: epoch 0 begins whole, in another placement
+    assert sampler.placement[0] == 0 and sampler.placement != start
+    assert sampler.state_dict()["consumed"] == 0

@@ -29,7 +29,7 @@ from shardwise.loader.position import (
     read_state,
     resumable_sampler,
     resumed_batches,
-    sampler_epoch,
+    sampler_placement,
     worker_streams,
 )
 from shardwise.loader.progress import EpochBar
@@ -76,7 +76,7 @@ class DataLoader(TorchDataLoader[T_co]):
     # own, as torchdata's StatefulDataLoader has, still works).
     _resume: Resume | None = None
     _loaded: dict[str, Any] | None = None
-    _loaded_epoch: Any = None  # its sampler's epoch, as the state was loaded
+    _loaded_placement: Any = None  # where its sampler stood, as the state was loaded
     _record: PassRecord | None = None
     _live: weakref.ref[LoaderIterator] | None = None  # the pass it records, while it lives
     _clock: Clock | None = None
@@ -267,9 +267,10 @@ class DataLoader(TorchDataLoader[T_co]):
         loader built the same way (with a shardwise sampler, on any world size).
         """
         if self._record is None and self._loaded is not None:
-            if sampler_epoch(self) == self._loaded_epoch:
+            if sampler_placement(self) == self._loaded_placement:
                 return self._loaded
-            # Its sampler was moved to another epoch since, which the next pass begins whole.
+            # Its sampler moved since (to another epoch, or this one begun anew): the next pass
+            # begins that epoch whole.
             return loader_state(self, None)
         return loader_state(self, self._record, self._live and self._live())
 
@@ -277,7 +278,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """Make the next pass continue the saved one at its next undelivered batch."""
         self._resume = read_state(self, state)
         self._loaded, self._record = state, None
-        self._loaded_epoch = sampler_epoch(self)
+        self._loaded_placement = sampler_placement(self)
         self._let_go_of_workers()  # persistent workers hold another pass's seed and dataset
 
     @property

@@ -418,8 +418,8 @@ class LoaderIterator(_BaseDataLoaderIter):
             self.record.past(place, count)
         if worker is not None:
             self.record.next_worker = (worker + 1) % self._num_workers
-        if self.record.batches == 1:  # the sampler's pass has begun: note its epoch
-            self.record.sampler_epoch = getattr(self._sampler, "epoch", None)
+        if self.record.batches == 1:  # the sampler's pass has begun: note where it stands
+            self.record.sampler_placement = getattr(self._sampler, "placement", None)
 
     def _warn_past_length(self) -> None:
         """torch's warning: an IterableDataset gave more than its ``len`` (compared as torch does)."""

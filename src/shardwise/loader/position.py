@@ -53,10 +53,10 @@ def resumable_sampler(loader: Any) -> Any | None:
     return None
 
 
-def sampler_epoch(loader: Any) -> Any:
-    """The epoch a shardwise sampler stands in (None without one): a resume or a record of
-    another epoch no longer applies."""
-    return getattr(resumable_sampler(loader), "epoch", None)
+def sampler_placement(loader: Any) -> Any:
+    """Where a shardwise sampler stands (None without one): its epoch, and how many times
+    ``set_epoch`` began an epoch anew. A resume or a record made elsewhere no longer applies."""
+    return getattr(resumable_sampler(loader), "placement", None)
 
 
 @dataclass
@@ -65,7 +65,7 @@ class PassRecord:
 
     route: str  # "sampler", "replay" or "iterable": how a resume finds the place
     randomness: dict[str, Any] = field(default_factory=dict)  # the generators' as it began
-    sampler_epoch: Any = None  # the resumable sampler's epoch, once the pass delivered a batch
+    sampler_placement: Any = None  # the resumable sampler's, once the pass delivered a batch
     base_seed: int | None = None  # the workers' base seed, once the pass has begun (or theirs
     # already, for persistent workers' next pass)
     drew_base_seed: bool = False  # the pass drew the base seed (the first pass of its workers)
@@ -117,9 +117,9 @@ def new_record(loader: Any) -> PassRecord:
 
 def current(loader: Any, record: PassRecord) -> bool:
     """Whether ``record`` still describes where the loader stands (its sampler has not moved on)."""
-    if record.route != "sampler" or record.sampler_epoch is None:
+    if record.route != "sampler" or record.sampler_placement is None:
         return True
-    return sampler_epoch(loader) == record.sampler_epoch
+    return sampler_placement(loader) == record.sampler_placement
 
 
 def resumed_batches(loader: Any, resume: Resume | None, record: PassRecord | None) -> int:
@@ -416,7 +416,7 @@ class Resume:
     iterable: bool  # read from an IterableDataset (a stream, not a sampler's indices)
     streams: int | None  # the worker processes it needs: a stream's shares or a Stateful
     # dataset's states are each worker's own (None: any number)
-    sampler_epoch: Any = None  # a resumable sampler's epoch as loaded
+    sampler_placement: Any = None  # a resumable sampler's, standing in the saved pass's epoch
     # Saved as its pass delivered its last batch, its end unseen: the epoch its sampler was told
     # then, in a tuple (the epoch may be None); the first next() decides (rest_is_empty).
     unseen_end_of: tuple[int | None] | None = None
@@ -428,10 +428,11 @@ class Resume:
 
     def applied(self, loader: Any) -> Resume:
         """This resume as it stands now: once the sampler stands in another epoch (``set_epoch``
-        before ``iter()``, or a state saved as its epoch ended), that epoch begins whole, as the
+        before ``iter()``, or a state saved as its epoch ended), or in the saved one begun anew
+        (``set_epoch`` to another and back), that epoch begins whole, as the
         pass after the saved one: its count, early batches and workers' places no longer apply,
         and non-persistent workers draw a new seed."""
-        if self.sampler_epoch is None or sampler_epoch(loader) == self.sampler_epoch:
+        if self.sampler_placement is None or sampler_placement(loader) == self.sampler_placement:
             return self
         persistent = loader.persistent_workers
         return replace(self, resumed_batches=0, ahead={}, begun=set(), next_worker=0, ended=[],
@@ -522,9 +523,10 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 "its resume may repeat or skip a few: resume each rank from its own state, or "
                 "use in_order=True", stacklevel=3)
             common["ahead"] = {}  # the other rank's early batches are not ours
+        epoch, restarts = sampler.placement
         return Resume(skip=0, resumed_batches=before, randomness={},
-                      sampler_epoch=getattr(sampler, "epoch", None) if saved_epoch is None
-                      else saved_epoch, **common)
+                      sampler_placement=(epoch if saved_epoch is None else saved_epoch, restarts),
+                      **common)
     saved_batching = state.get("batching")
     if not (batches and isinstance(saved_batching, dict)) or (
             route == "iterable" and (datasets or any(workers))):

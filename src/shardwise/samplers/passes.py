@@ -64,6 +64,7 @@ class EpochSampler(Sampler[int]):
 
     def _init_epochs(self) -> None:
         self._generation = 0  # counts the moves of set_epoch and load_state_dict
+        self._restarts = 0  # counts the epochs set_epoch began anew
         self._chosen = False  # set_epoch was called: passes keep its epoch, as torch's do
         self._stand_at(self._start_of(self._checked_epoch(0)))
 
@@ -71,6 +72,13 @@ class EpochSampler(Sampler[int]):
     def epoch(self) -> int:
         """The epoch of the current pass, or of the next one after ``set_epoch``."""
         return self._at.epoch
+
+    @property
+    def placement(self) -> tuple[int, int]:
+        """The epoch of the next pass, with how many times ``set_epoch`` began an epoch anew: a
+        loader's count of batches delivered in this epoch holds only while this stays the same
+        (an epoch left and then set again begins whole)."""
+        return self._at.epoch, self._restarts
 
     @epoch.setter
     def epoch(self, epoch: int) -> None:  # torch's attribute: assigning it is set_epoch
@@ -88,6 +96,7 @@ class EpochSampler(Sampler[int]):
             self._stand_at(self._ended[0])
         elif epoch != self._at.epoch or (self._active is not None and self._active.finished):
             self._stand_at(self._start_of(epoch))  # (a pass that ran out: its epoch anew)
+            self._restarts += 1
         # The epoch already standing: a pass begun in it goes on counting (Lightning and
         # torchdata's loader make the pass before set_epoch), and the next pass starts it whole.
         self._chosen = True
