@@ -8,9 +8,9 @@ from itertools import islice
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-import torch
 from torch.utils.data import (
     BatchSampler,
     Dataset,
