@@ -637,6 +637,37 @@ def test_the_epoch_after_a_state_on_the_last_batch_draws_as_the_uninterrupted_ru
     assert [b.tolist() for b in iterator] == [] and values(loader) == expected  # the saver too
 
 
+class SlowToEnd(RandomSampler):
+    """torch's ``RandomSampler`` order, which draws once more as it ends, a while after its
+    last index: a pinning thread meets the end later than the caller takes the last batch."""
+
+    def __iter__(self):
+        yield from torch.randperm(len(self.data_source), generator=self.generator).tolist()
+        time.sleep(0.3)
+        torch.randperm(len(self.data_source), generator=self.generator)  # the draw as it ends
+
+
+def test_a_state_on_the_last_batch_through_a_pinning_thread_waits_for_its_end(monkeypatch):
+    import shardwise.loader.iterator as iterator_module
+
+    monkeypatch.setattr(iterator_module, "pin_batch", lambda batch: batch)  # (no GPU here)
+
+    def make(kind=DataLoader):
+        made = kind(Indexed(12), batch_size=3, sampler=SlowToEnd(
+            Indexed(12), generator=torch.Generator().manual_seed(5)))
+        made._pinning = kind is DataLoader  # the pinning thread, pinning itself left out
+        return made
+
+    torchs = make(TorchLoader)
+    expected = [values(torchs) for _ in range(2)][1]
+    loader = make()
+    iterator = iter(loader)
+    list(islice(iterator, len(loader)))  # the last batch: the thread has yet to meet the end
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    assert values(resumed) == expected  # (a sampler with no set_epoch: the next epoch whole)
+
+
 def test_a_state_on_an_epochs_last_batch_without_set_epoch_resumes_as_torchdatas_loader():
     """The default samplers' epoch, never set, stays the saved one: the empty rest, then the
     next epoch; the state after the empty rest is the next epoch's start. A sampler that has

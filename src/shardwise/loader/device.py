@@ -15,6 +15,8 @@ import torch
 
 from shardwise.loader.transport import rewrap, subclass_parts
 
+SETTLE_POLL_SECONDS = 0.001
+
 
 class Background(Iterator[Any]):
     """Runs ``source`` in a thread, up to ``ahead`` items ahead of the caller.
@@ -52,6 +54,11 @@ class Background(Iterator[Any]):
     def ready(self) -> bool:
         """Whether ``next`` returns (or raises) at once."""
         return not self._items.empty()
+
+    def settle(self) -> None:
+        """Wait until ``next`` would return (or raise) at once, or the thread has stopped."""
+        while not self.ready() and self._thread.is_alive():
+            self._thread.join(SETTLE_POLL_SECONDS)
 
     def __next__(self) -> Any:
         ok, value = self._items.get()

@@ -436,9 +436,14 @@ class LoaderIterator(_BaseDataLoaderIter):
     def look_for_end(self) -> None:
         """Draw from the sampler until it ends, as the next ``next()`` would, so that a state
         taken on an epoch's last batch holds the generators as the next epoch finds them (a
-        sampler may draw as it ends: torch's ``RandomSampler`` does). Worker passes, and a
-        stage's thread, draw ahead (and only they may draw from the sampler)."""
-        if self._fetcher is None or self._in_stage:
+        sampler may draw as it ends: torch's ``RandomSampler`` does). Worker passes draw ahead
+        already; a pinning thread draws the next batch as soon as the last one is taken, and
+        only it may draw from the sampler: its draw is waited for."""
+        if self._fetcher is None:
+            return
+        pinning = next((stage for stage in self._stages if isinstance(stage, Background)), None)
+        if pinning is not None:
+            pinning.settle()
             return
         try:
             following = next(self._indices)
