@@ -224,6 +224,26 @@ def test_a_glob_ending_in_a_slash_matches_folders_only(tmp_path: Path) -> None:
         memory.rm("/slash", recursive=True)
 
 
+def test_a_recursive_folder_glob_takes_the_files_at_its_top_too_locally_and_remotely(
+    tmp_path: Path
+) -> None:
+    import fsspec
+
+    files = {"x/top.txt": "top", "x/a/in.txt": "in", "x/a/b/deep.txt": "deep", "y.txt": "y"}
+    memory = fsspec.filesystem("memory")
+    for name, line in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(line + "\n")
+        memory.pipe(f"/folders/{name}", f"{line}\n".encode())
+    try:
+        for pattern, lines in (("x/**/", ["deep", "in", "top"]), ("**/", ["deep", "in", "top", "y"]),
+                               ("x/*/", ["deep", "in"])):
+            assert read_lines(f"{tmp_path}/{pattern}", 0, 1) == lines, pattern  # as Python's glob
+            assert read_lines(f"memory://folders/{pattern}", 0, 1) == lines, pattern
+    finally:
+        memory.rm("/folders", recursive=True)
+
+
 def test_a_glob_reads_a_directory_reached_by_two_names_once(tmp_path: Path) -> None:
     data = tmp_path / "data"
     (data / "a").mkdir(parents=True)

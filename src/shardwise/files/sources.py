@@ -248,6 +248,8 @@ def _glob_remote(fs: AbstractFileSystem, pattern: str, root: str,
         matches = re.compile(glob_translate(pattern)).match
         matched = {path for path, info in listed.items()
                    if matches(path) or info["type"] == "directory" and matches(path + "/")}
+        if matches(posixpath.join(root, "")):  # ``x/**/``: no folder below, x itself too
+            matched.add(root)
         below = {path: info["size"] for path, info in listed.items()
                  if info["type"] != "directory" and _under(path, matched, root)}
     else:
@@ -267,7 +269,7 @@ def _under(path: str, folders: AbstractSet[str], root: str) -> bool:
     """Whether ``path`` or a folder above it, below ``root``, is in ``folders``."""
     while path not in folders:
         parent = posixpath.dirname(path)
-        if parent == path or len(parent) <= len(root):
+        if parent == path or len(parent) < len(root):
             return False
         path = parent
     return True
