@@ -217,3 +217,18 @@ def test_one_process_is_rank_0_and_keeps_the_exception_type(tmp_path: Path) -> N
     assert all(type(getattr(stats, name)) is int for name in (
         "rank", "world_size", "bytes_read", "lines", "records_read", "records_owned", "skipped"))
     assert all(type(seconds) is float for seconds in stats.seconds.values())
+
+
+def test_a_parser_in_the_script_is_described_alike_in_spawned_ranks() -> None:
+    from shardwise.files.describe import describe
+
+    def split(line: str) -> list[str]:
+        return line.split(",")
+
+    def spawned(line: str) -> list[str]:
+        return line.split(",")
+
+    # A rank running the script is __main__; one spawned by multiprocessing, __mp_main__.
+    split.__module__, spawned.__module__, spawned.__qualname__ = ("__main__", "__mp_main__",
+                                                                  split.__qualname__)
+    assert describe(split) == describe(spawned) == describe(partial(split))[8:-1]

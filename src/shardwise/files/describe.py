@@ -42,4 +42,6 @@ def describe(value: object) -> str:
         return f"{describe(bound)}.{value.__name__}"  # a bound method: its object's, not another's
     named = value if hasattr(value, "__qualname__") else type(value)  # a function, or an object
     module = getattr(named, "__module__", None)  # (str.split has none)
+    if module == "__mp_main__":  # the script, as a process spawned by multiprocessing names it
+        module = "__main__"
     return f"{module}.{named.__qualname__}" if module else named.__qualname__
