@@ -205,7 +205,8 @@ def read_table(
     Every row of the inputs is in exactly one rank's table, in the inputs' order. URLs are
     opened with ``storage_options``; each rank requests only its own row groups' bytes (and the
     footers). Parts whose columns differ only in the layout of text or lists (pyarrow's
-    ``string`` and polars' ``large_string``) come back in the widest layout (see ``widest``).
+    ``string`` and polars' ``large_string``) come back in the widest layout (``large_string``,
+    ``large_binary``, ``large_list``).
 
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())

@@ -88,7 +88,8 @@ def read_records(
     """Parse this rank's share of the lines (or rows) into records, before any exchange.
 
     Text files are parsed by ``fmt``'s pattern; Parquet and Arrow IPC files give the records of
-    their ``columns`` (see ``tables.py``), each rank reading its own row groups. With
+    their ``columns`` (``(src, dst[, weight])`` for edges, ``(id, f1, ..., fk)`` or ``(id,
+    values)`` for vectors), each rank reading its own row groups. With
     ``on_error="skip"`` malformed lines are counted in the stats (and a warning names the first
     few); with ``"raise"`` the first one raises ``ParseError`` naming its file and line. No
     communication: it reads the share of ``rank`` of the plan it makes (or is given).

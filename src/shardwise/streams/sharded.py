@@ -155,7 +155,8 @@ class ShardedIterable(IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         """Each consumer's (shard number among its shards, items read in it, items read in the
-        pass): resumes mid-shard, and places another rank's consumers (see ``_place``)."""
+        pass): resumes mid-shard; loaded by another rank (or world size), each consumer passes
+        over as many items of its share as the saved consumer with its worker number read."""
         return {"version": STATE_VERSION, "world_size": self.world_size,
                 "consumers": self._consumers,
                 "progress": {str(c): list(p) for c, p in self._progress.items()}}
@@ -210,7 +211,8 @@ class ShardedIterable(IterableDataset):
                 "streamed": self.streamed, "num_replicas": self.world_size}
 
     def fingerprint(self) -> int:
-        """A digest of the shard list, in order (see ``shard_identity``)."""
+        """A digest of the shard list, in order, each shard named alike on every rank (a file
+        by its path, a function by its qualified name and the text it holds)."""
         return digest(*(shard_identity(shard).encode("utf-8", "backslashreplace") + b"\0"
                         for shard in self.shards))
 
