@@ -1428,3 +1428,19 @@ def test_a_pass_whose_epoch_was_left_and_set_again_saves_that_epochs_start():
     resumed = loader()
     resumed.load_state_dict(state)
     assert values(resumed) == values(saving) == values(loader())
+
+
+@pytest.mark.parametrize("workers,worker_type", [(0, "process"), (2, "thread"), (2, "process")])
+def test_a_streams_state_saved_after_its_pass_ended_resumes_with_the_next_pass_whole(
+        workers, worker_type):
+    from shardwise import shard_iterable
+
+    def loader():
+        stream = shard_iterable(shards=[range(0, 6), range(6, 12)], rank=0, world_size=1)
+        return DataLoader(stream, batch_size=2, num_workers=workers, worker_type=worker_type)
+
+    saving = loader()
+    epoch = values(saving)
+    resumed = loader()
+    resumed.load_state_dict(saving.state_dict())  # a checkpoint after the loop, as most write
+    assert values(resumed) == epoch == values(saving)

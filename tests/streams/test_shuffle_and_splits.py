@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise import DistributedSampler, ShuffleBuffer, load_split, save_split, shard_iterable
+from shardwise import (
+    DataLoader,
+    DistributedSampler,
+    ShuffleBuffer,
+    load_split,
+    save_split,
+    shard_iterable,
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -57,6 +64,68 @@ def test_a_state_resumes_only_with_the_seed_and_buffer_it_was_saved_with():
         ShuffleBuffer(range(20), 4, seed=2**64)  # it would draw as seed 0
 
 
+def _sharded_buffer(rank: int = 0, world_size: int = 1) -> ShuffleBuffer:
+    shards = [range(start, start + 6) for start in range(0, 60, 6)]
+    return ShuffleBuffer(shard_iterable(shards=shards, rank=rank, world_size=world_size), 4,
+                         seed=2)
+
+
+def test_a_pass_is_set_up_by_iter_so_a_state_before_its_first_item_is_its_own():
+    buffer = _sharded_buffer()
+    first = list(buffer)
+    iterator = iter(buffer)  # the next pass, nothing read yet
+    state = buffer.state_dict()
+    assert state["yielded"] == 0 and state["buffer"] == []
+    resumed = _sharded_buffer()
+    resumed.load_state_dict(state)
+    assert list(resumed) == list(iterator) == first
+
+
+def test_a_state_saved_as_its_pass_ended_gives_its_empty_rest_then_whole_passes():
+    buffer = _sharded_buffer()
+    first = list(buffer)
+    resumed = _sharded_buffer()
+    resumed.load_state_dict(buffer.state_dict())
+    assert resumed.state_dict() == buffer.state_dict()  # as loaded, until a pass begins
+    rest = iter(resumed)  # a loader puts the state back, then makes the next pass's iterator
+    assert list(resumed) == first and list(rest) == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_another_ranks_state_resumes_each_rank_on_its_own_stream(workers):
+    """Lightning gives every rank rank 0's loader state: each rank's buffer reads its own
+    stream again, drawing as before, and goes on after as many items as rank 0 had yielded."""
+    def loader(rank):
+        return DataLoader(_sharded_buffer(rank, 2), batch_size=3, num_workers=workers)
+
+    saving = loader(0)
+    iterator = iter(saving)
+    delivered = [next(iterator) for _ in range(3)]
+    state = saving.state_dict()
+    for rank in (0, 1):
+        whole = [batch.tolist() for batch in loader(rank)]
+        resumed = loader(rank)
+        resumed.load_state_dict(state)
+        assert [batch.tolist() for batch in resumed] == whole[len(delivered):]
+
+
+def test_consumers_draw_unlike_each_other_and_a_state_needs_as_many():
+    def places(rank):  # where each item the buffer gives stood in the rank's own stream
+        buffer = _sharded_buffer(rank, 2)
+        read = list(buffer.iterable)
+        return [read.index(item) for item in buffer]
+
+    assert places(0) != places(1)
+    buffer = _sharded_buffer(0, 2)
+    next(iter(buffer))
+    other = _sharded_buffer(0, 1)
+    other.load_state_dict(buffer.state_dict())
+    with pytest.raises(ValueError, match="read by 2 consumers .* but this pass has 1"):
+        iter(other)
+    with pytest.raises(TypeError, match="a ShuffleBuffer state is the dict state_dict"):
+        other.load_state_dict(None)
+
+
 def test_save_and_load_split(tmp_path):
     paths = save_split(tmp_path, 103, 4, seed=5, epoch=2, remainder="uneven")
     shares = [load_split(tmp_path, rank) for rank in range(4)]
@@ -85,3 +154,26 @@ def test_load_split_names_what_is_missing(tmp_path):
     save_split(tmp_path, 10, 2)
     with pytest.raises(ValueError, match="saved for 2 ranks; rank 2 has no share"):
         load_split(tmp_path, 2)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+def test_torchdatas_loader_resumes_a_buffer_at_every_step_of_a_second_epoch(workers, persistent):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader():
+        return stateful.StatefulDataLoader(_sharded_buffer(), batch_size=4, num_workers=workers,
+                                           persistent_workers=persistent)
+
+    reference = loader()
+    epochs = [[batch.tolist() for batch in reference] for _ in range(2)]
+    for stop in range(len(epochs[1]) + 1):
+        saving = loader()
+        list(saving)  # the first epoch, whole
+        iterator = iter(saving)
+        delivered = [next(iterator).tolist() for _ in range(stop)]
+        resumed = loader()
+        resumed.load_state_dict(saving.state_dict())
+        rest = [batch.tolist() for batch in resumed]
+        assert delivered + rest == epochs[1], stop
+        assert sorted(sum(epochs[1], [])) == list(range(60))  # each item once

@@ -203,10 +203,13 @@ class LoaderIterator(_BaseDataLoaderIter):
         loader._on_pass_start(self)
 
     def _put_dataset_back(self) -> None:
-        """Load the dataset's saved state, if it has one still to load."""
+        """Load the dataset's saved state, if it has one still to load (and, saved after its
+        pass ended, go past that pass's empty rest: see ``Resume.dataset_after_pass``)."""
         state, self._dataset_state = self._dataset_state, None
         if state is not None:
             self._loader.dataset.load_state_dict(state)
+            if self._taken is not None and self._taken.dataset_after_pass:
+                iter(self._loader.dataset)
 
     def _open_indices(self, first: bool, resume: Resume | None, restored: dict[str, Any]
                       ) -> None:

@@ -163,6 +163,7 @@ def loader_state(loader: Any, record: PassRecord | None, live: Any = None) -> di
     keeper = epoch_keeper(loader) if unseen_end else None
     if unseen_end and live is not None and live.record is record:
         live.look_for_end()  # the sampler's last draws, made before the next pass's states
+    after_pass = False  # the dataset's own state is from after its pass ended (see Resume)
     if record is None or not current(loader, record) or unseen_end or (
             record.route != "sampler" and record.finished):
         # No pass yet, the sampler moved on, or the pass ended (or delivered its last batch,
@@ -171,8 +172,9 @@ def loader_state(loader: Any, record: PassRecord | None, live: Any = None) -> di
         # sampler's own state, saved as its epoch ended, resumes with the next one too). A
         # sampler told its epoch also lets a resume give that epoch's empty rest (Resume).
         ended, record = record, new_record(loader)
-        if not worker_streams(loader):  # the dataset here stands where the next pass starts
+        if not worker_streams(loader):  # the dataset here, as the next pass finds it
             record.dataset_states = dataset_states(loader.dataset, None)
+            after_pass = ended is not None and ended.route == "iterable" and ended.finished
         record.worker_states = next_pass_states(loader, ended)
         if loader._workers is not None and loader._workers.alive:  # they go on, drawing no seed
             record.base_seed = loader._workers.base_seed
@@ -234,6 +236,8 @@ def loader_state(loader: Any, record: PassRecord | None, live: Any = None) -> di
         state["begun"] = sorted(record.begun)
     if keeper is not None:
         state["end_unseen"] = {"epoch": keeper.epoch}
+    if after_pass and record.dataset_states:
+        state["dataset_after_pass"] = True
     return state
 
 
@@ -425,6 +429,10 @@ class Resume:
     # How the batches it passes over were made (None: it passes over none, or its dataset is
     # put back by its own state)
     batching: dict[str, Any] | None = None
+    # The stream's own state was saved after its pass ended: it is that pass's, which the
+    # stream's first iterator after it is put back goes on with (an empty rest). torchdata's
+    # loader makes that iterator and drops it; so does a resumed pass here.
+    dataset_after_pass: bool = False
 
     def applied(self, loader: Any) -> Resume:
         """This resume as it stands now: once the sampler stands in another epoch (``set_epoch``
@@ -508,7 +516,8 @@ def read_state(loader: Any, state: Any) -> Resume | None:
               "ended": [int(w) for w in state.get("ended", [])],
               "ahead": {int(place): int(count) for place, count in state.get("ahead", [])},
               "begun": {int(w) for w in begun}, "iterable": route == "iterable",
-              "streams": streams if bound else None}
+              "streams": streams if bound else None,
+              "dataset_after_pass": bool(state.get("dataset_after_pass"))}
     before = batches - len(common["ahead"])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
