@@ -1436,7 +1436,7 @@ def test_a_streams_state_saved_after_its_pass_ended_resumes_with_the_next_pass_w
     from shardwise import shard_iterable
 
     def loader():
-        stream = shard_iterable(shards=[range(0, 6), range(6, 12)], rank=0, world_size=1)
+        stream = shard_iterable(shards=[range(6), range(6, 12)], rank=0, world_size=1)
         return DataLoader(stream, batch_size=2, num_workers=workers, worker_type=worker_type)
 
     saving = loader()

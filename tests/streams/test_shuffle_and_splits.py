@@ -176,4 +176,4 @@ def test_torchdatas_loader_resumes_a_buffer_at_every_step_of_a_second_epoch(work
         resumed.load_state_dict(saving.state_dict())
         rest = [batch.tolist() for batch in resumed]
         assert delivered + rest == epochs[1], stop
-        assert sorted(sum(epochs[1], [])) == list(range(60))  # each item once
+    assert sorted(item for batch in epochs[1] for item in batch) == list(range(60))  # each once
