@@ -272,6 +272,17 @@ def test_a_state_is_refused_by_another_number_of_workers_or_a_shorter_shard_list
         shorter.load_state_dict({**state, "version": 1})
 
 
+def test_paths_as_shards_are_refused_naming_the_helpers_that_read_files():
+    from pathlib import Path
+
+    for path in ("data/a.txt", Path("data/a.txt"), b"data/a.txt"):
+        with pytest.raises(TypeError, match=r"shard 1 is a path \('data/a.txt'\), not its items: "
+                                            r"pass shards=line_shards\(paths\)"):
+            shard_iterable(shards=[[1, 2], path], rank=0, world_size=1)
+    with pytest.raises(TypeError, match="shards must be a list of shards, got str"):
+        shard_iterable(shards="data/a.txt", rank=0, world_size=1)
+
+
 def test_a_shard_that_refuses_its_length_is_named_by_its_type():
     from shardwise.streams.sharded import shard_identity
 

@@ -68,6 +68,12 @@ class ShardedIterable(IterableDataset):
                              "shards, each an iterable or a function that opens one), not both")
         if shards is not None and (isinstance(shards, (str, bytes)) or not isinstance(shards, Sequence)):
             raise TypeError(f"shards must be a list of shards, got {type(shards).__name__}")
+        for number, shard in enumerate(shards or ()):
+            if isinstance(shard, (str, bytes, os.PathLike)):  # (its characters, or an error)
+                raise TypeError(
+                    f"shard {number} is a path ({os.fsdecode(shard)!r}), not its items: pass "
+                    "shards=line_shards(paths) (or row_group_shards(paths)) from "
+                    "shardwise.streams.files to read files' lines (or Parquet rows)")
         self.world_size, self.rank = resolve_world(world_size, rank)
         self.shards = list(shards) if shards is not None else [iterable]
         self.streamed = shards is None
