@@ -1444,3 +1444,28 @@ def test_a_streams_state_saved_after_its_pass_ended_resumes_with_the_next_pass_w
     resumed = loader()
     resumed.load_state_dict(saving.state_dict())  # a checkpoint after the loop, as most write
     assert values(resumed) == epoch == values(saving)
+
+
+def test_a_resume_reads_torchs_distributed_sampler_in_the_epoch_set_after_iter():
+    """Lightning makes the pass, then sets the epoch; torch's loader reads the sampler's order
+    at the first next(), so a resumed pass does too."""
+    def loader():
+        return DataLoader(Indexed(22), batch_size=2, sampler=TorchDistributed(
+            Indexed(22), num_replicas=2, rank=0, seed=0))
+
+    saving = loader()
+    saving.sampler.set_epoch(1)
+    iterator = iter(saving)
+    values(islice(iterator, 2))
+    state = saving.state_dict()
+    rest = values(iterator)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    iterator = iter(resumed)
+    resumed.sampler.set_epoch(1)
+    assert values(iterator) == rest
+    mismatched = DataLoader(Indexed(22), batch_size=3, sampler=TorchDistributed(
+        Indexed(22), num_replicas=2, rank=0, seed=0))
+    mismatched.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="batch_size"):
+        iter(mismatched)  # refused as the pass is made, all the same

@@ -42,6 +42,7 @@ from shardwise.loader.position import (
     keeps_states,
     new_record,
     next_pass_states,
+    orders_by_epoch,
     resumable_sampler,
 )
 from shardwise.loader.randomness import restore_randomness
@@ -97,9 +98,16 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._init_failed = False  # a worker_init_fn failed (reported, not a death)
         self._source: Iterator[tuple[Any, int]] | None = None
         loader._check_ranks()  # before any worker starts: ranks that disagree stop here
-        # A state saved at an epoch's unseen end: what it resumes is known at the first next()
+        # A resumed pass begins at the first next() where torch's reads its sampler's order
+        # then (no workers; theirs are sent indices as the pass begins) and a trainer's epoch
+        # decides that order: Lightning sets it after iter(). For a state saved at an epoch's
+        # unseen end, what it resumes is known then too.
         resume = loader._resume
-        self._undecided = resume if resume is not None and resume.unseen_end_of else None
+        ordered_later = not self._num_workers and orders_by_epoch(loader)
+        if resume is not None and ordered_later:
+            resume.check_fit(loader)  # (refused as iter() is called, all the same)
+        waits = resume is not None and (resume.unseen_end_of or ordered_later)
+        self._undecided = resume if waits else None
         if self._undecided is None:
             self._start()
 
@@ -111,9 +119,10 @@ class LoaderIterator(_BaseDataLoaderIter):
             raise
 
     def _decide(self) -> None:
-        """Resume a state saved at an epoch's unseen end as the sampler's epoch now says: the
-        empty rest of the saved epoch (the pass ends here, and the next begins the epoch after
-        it), or the next epoch whole (a trainer set it after ``iter()``, as Lightning does)."""
+        """Begin a resumed pass, as the first ``next()`` asks. A state saved at an epoch's
+        unseen end resumes as the sampler's epoch now says: the empty rest of the saved epoch
+        (the pass ends here, and the next begins the epoch after it), or the next epoch whole
+        (a trainer set it after ``iter()``, as Lightning does)."""
         resume, self._undecided = self._undecided, None
         loader = self._loader
         if loader._resume is resume:  # (not taken by a pass made since)

@@ -36,6 +36,7 @@ from typing import Any
 from torch.utils.data import BatchSampler
 from torch.utils.data.dataloader import _DatasetKind
 
+from shardwise.loader.default_samplers import RandomSampler, SequentialSampler
 from shardwise.loader.randomness import decoded, encoded, global_states, random_states
 
 STATE_VERSION = 2  # 2: dataset states in torchdata's layout
@@ -305,6 +306,15 @@ def epoch_owner(loader: Any) -> Any | None:
         if callable(getattr(owner, "set_epoch", None)):
             return owner
     return None
+
+
+def orders_by_epoch(loader: Any) -> bool:
+    """Whether the loader's order follows the epoch a trainer tells its sampler, which reads
+    it as its pass begins (torch's ``DistributedSampler``): not the loader's own samplers, which
+    only note it, nor a shardwise sampler, which places its pass itself."""
+    owner = epoch_owner(loader)
+    return owner is not None and resumable_sampler(loader) is None and not isinstance(
+        owner, (RandomSampler, SequentialSampler))
 
 
 def epoch_keeper(loader: Any) -> Any | None:
