@@ -82,6 +82,7 @@ def test_lightning_ddp_keeps_the_sampler_and_trains_each_rank_on_its_share(tmp_p
 def test_lightning_can_rebuild_a_distributed_loader():
     """Lightning rebuilds loaders (to predict, say) from the arguments they were made with."""
     from lightning.fabric.utilities.data import _replace_dunder_methods
+    from lightning.pytorch.trainer.states import RunningStage
     from lightning.pytorch.utilities.data import _update_dataloader
     from torch.utils.data import DataLoader as TorchLoader
 
@@ -98,6 +99,12 @@ def test_lightning_can_rebuild_a_distributed_loader():
         each.set_epoch(0)
         batches.append([b.tolist() for b in each])
     assert batches[0] == batches[1]
+    # To predict, it is rebuilt with a batch sampler that wraps the loader's (and its sampler)
+    with _replace_dunder_methods(TorchLoader, "dataset"):
+        loader = shardwise.DataLoader(Indexed(), batch_size=4, distributed=True, seed=SEED)
+    predicting = _update_dataloader(loader, loader.sampler, mode=RunningStage.PREDICTING)
+    assert predicting.batch_sampler.sampler is loader.sampler
+    assert [b.tolist() for b in predicting] == [b.tolist() for b in loader]
 
 
 def test_lightning_rebuilds_a_loader_made_outside_its_hooks_with_every_argument():

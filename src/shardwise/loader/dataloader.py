@@ -118,9 +118,11 @@ class DataLoader(TorchDataLoader[T_co]):
         if snapshot_every_n_steps is not None:
             require_int("snapshot_every_n_steps", snapshot_every_n_steps, minimum=0)
         self.snapshot_every_n_steps = snapshot_every_n_steps
-        if distributed and not isinstance(sampler, TorchDistributedSampler):
-            # A distributed sampler given with it is kept: trainers that rebuild a loader
-            # (Lightning) pass the one it made back in, with the same arguments.
+        given = sampler if sampler is not None else getattr(batch_sampler, "sampler", None)
+        if distributed and not isinstance(given, TorchDistributedSampler):
+            # A distributed sampler given with it, or in a batch sampler, is kept: trainers that
+            # rebuild a loader (Lightning, for predict) pass the one it made back in, with the
+            # same arguments.
             if sampler is not None or batch_sampler is not None:
                 raise ValueError("distributed=True builds the sampler from shuffle, drop_last and "
                                  "seed; pass a sampler or distributed=True, not both")
