@@ -42,6 +42,15 @@ def test_numpy_integers_are_ints_everywhere():
     assert sampler.indices(np.int64(1), np.int64(2)).tolist() == reference.indices(1, 2).tolist()
 
 
+def test_none_flags_are_false_as_torchs_sampler_takes_them():
+    from torch.utils.data import DistributedSampler as TorchSampler
+
+    for flag in ("shuffle", "drop_last"):
+        sampler = DistributedSampler(11, 2, 1, **{flag: None})
+        assert getattr(sampler, flag) is False
+        assert list(sampler) == list(TorchSampler(range(11), 2, 1, **{flag: None}))
+
+
 def test_seeds_at_both_ends_of_torchs_range():
     for seed in (-(2**63), 2**64 - 1):
         assert len(list(DistributedSampler(30, 2, 0, seed=seed))) == 15

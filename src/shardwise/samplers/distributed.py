@@ -107,8 +107,9 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         self.dataset = dataset
         self.size = _size_of(dataset)
         self.num_replicas, self.rank = resolve_world(num_replicas, rank)
-        self.shuffle = require_bool("shuffle", shuffle)
-        self.drop_last = require_bool("drop_last", drop_last)
+        # None is False, as torch's sampler takes it (a wrapper's unset option, say)
+        self.shuffle = require_bool("shuffle", False if shuffle is None else shuffle)
+        self.drop_last = require_bool("drop_last", False if drop_last is None else drop_last)
         self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
         if remainder is None:
             remainder = "drop" if self.drop_last else "pad"
