@@ -1446,12 +1446,13 @@ def test_a_streams_state_saved_after_its_pass_ended_resumes_with_the_next_pass_w
     assert values(resumed) == epoch == values(saving)
 
 
-def test_a_resume_reads_torchs_distributed_sampler_in_the_epoch_set_after_iter():
-    """Lightning makes the pass, then sets the epoch; torch's loader reads the sampler's order
-    at the first next(), so a resumed pass does too."""
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resume_reads_torchs_distributed_sampler_in_the_epoch_set_after_iter(workers):
+    """Resuming a checkpoint, Lightning makes the pass, then sets the epoch: a resumed pass
+    reads the sampler's order at the first next() (as torch's loader does with no workers)."""
     def loader():
-        return DataLoader(Indexed(22), batch_size=2, sampler=TorchDistributed(
-            Indexed(22), num_replicas=2, rank=0, seed=0))
+        return DataLoader(Indexed(22), batch_size=2, num_workers=workers,
+                          sampler=TorchDistributed(Indexed(22), num_replicas=2, rank=0, seed=0))
 
     saving = loader()
     saving.sampler.set_epoch(1)

@@ -98,12 +98,12 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._init_failed = False  # a worker_init_fn failed (reported, not a death)
         self._source: Iterator[tuple[Any, int]] | None = None
         loader._check_ranks()  # before any worker starts: ranks that disagree stop here
-        # A resumed pass begins at the first next() where torch's reads its sampler's order
-        # then (no workers; theirs are sent indices as the pass begins) and a trainer's epoch
-        # decides that order: Lightning sets it after iter(). For a state saved at an epoch's
-        # unseen end, what it resumes is known then too.
+        # A resumed pass begins at the first next() where a trainer's epoch decides the
+        # sampler's order: resuming a checkpoint, Lightning sets it after iter() (torch's loader
+        # with no workers reads the order at the first next() too). For a state saved at an
+        # epoch's unseen end, what it resumes is known then too.
         resume = loader._resume
-        ordered_later = not self._num_workers and orders_by_epoch(loader)
+        ordered_later = orders_by_epoch(loader)
         if resume is not None and ordered_later:
             resume.check_fit(loader)  # (refused as iter() is called, all the same)
         waits = resume is not None and (resume.unseen_end_of or ordered_later)
