@@ -156,6 +156,47 @@ def test_load_split_names_what_is_missing(tmp_path):
         load_split(tmp_path, 2)
 
 
+def test_a_state_still_to_be_passed_over_is_the_loaded_one_until_it_is():
+    saving = ShuffleBuffer(range(30), 4, seed=1)  # no upstream state: read again, passed over
+    iterator = iter(saving)
+    head = list(islice(iterator, 7))
+    state = saving.state_dict()
+    resumed = ShuffleBuffer(range(30), 4, seed=1)
+    resumed.load_state_dict(state)
+    rest = iter(resumed)
+    assert resumed.state_dict() == state  # nothing passed over yet: still the loaded state
+    rest = list(rest)
+    assert rest == list(iterator)
+    assert sorted(head + rest) == list(range(30))
+
+
+def test_a_state_saved_as_its_pass_ended_keeps_the_epoch_set_epoch_chose():
+    def buffer():
+        return _sharded_buffer()
+
+    uninterrupted = buffer()
+    list(uninterrupted)
+    state = uninterrupted.state_dict()
+    uninterrupted.set_epoch(1)
+    expected = list(uninterrupted)
+    resumed = buffer()
+    resumed.set_epoch(1)  # a loop's next epoch, before a loader puts the state back
+    resumed.load_state_dict(state)
+    assert list(resumed) == [] and list(resumed) == expected
+
+
+def test_a_refused_state_stays_loaded_and_an_older_versions_is_named():
+    buffer = _sharded_buffer(0, 2)
+    next(iter(buffer))
+    other = _sharded_buffer(0, 1)
+    other.load_state_dict(buffer.state_dict())
+    for _ in range(2):
+        with pytest.raises(ValueError, match="read by 2 consumers"):
+            iter(other)
+    with pytest.raises(ValueError, match="another version of shardwise .* version 1; this one"):
+        other.load_state_dict({**buffer.state_dict(), "version": 1})
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 def test_torchdatas_loader_resumes_a_buffer_at_every_step_of_a_second_epoch(workers, persistent):

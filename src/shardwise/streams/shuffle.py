@@ -20,7 +20,7 @@ from shardwise.checks import require_int
 from shardwise.mix import mix_ints
 from shardwise.samplers.passes import SEED_MAX, SEED_MIN
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: each consumer draws its own places, and a state says whose it is
 
 
 class ShuffleBuffer(IterableDataset):
@@ -41,12 +41,14 @@ class ShuffleBuffer(IterableDataset):
         self.buffer_size = require_int("buffer_size", buffer_size, minimum=1)
         self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
         self.epoch = 0
+        self._epoch_set = False  # set_epoch was called: a state saved as its pass ended keeps it
         self._resume: dict[str, Any] | None = None
         self._live: dict[str, Any] | None = None  # the running pass's buffer, draws and count
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle the next pass with ``epoch``'s draws (and pass it on upstream)."""
         self.epoch = require_int("epoch", epoch)
+        self._epoch_set = True
         if callable(getattr(self.iterable, "set_epoch", None)):
             self.iterable.set_epoch(epoch)
 
@@ -54,65 +56,75 @@ class ShuffleBuffer(IterableDataset):
         # The pass is set up now, not when the first item is asked for: a loader that puts a
         # state back and then begins a new pass makes two iterators and reads only the second,
         # and a state taken before the first item is this pass's, not the one before.
-        resume, self._resume = self._resume, None
         me, consumers = _consumer(self.iterable)
-        rng = np.random.Generator(np.random.PCG64(mix_ints(self.seed, self.epoch, me)))
-        live: dict[str, Any] = {"buffer": [], "rng": rng, "yielded": 0, "consumer": [me, consumers]}
-        skip = 0
+        resume = self._resume
+        saved = None if resume is None else resume["consumer"]
+        if saved is not None and saved[1] != consumers:  # (refused, the state stays loaded)
+            raise ValueError(
+                f"the state was saved by a ShuffleBuffer read by {saved[1]} consumers (ranks x "
+                f"DataLoader workers) but this pass has {consumers}: resume with as many "
+                "workers, or the stream would read some items twice and others never")
+        self._resume = None
+        epoch = self.epoch if resume is None else resume["epoch"]
+        rng = np.random.Generator(np.random.PCG64(mix_ints(self.seed, epoch, me)))
+        live: dict[str, Any] = {"buffer": [], "rng": rng, "yielded": 0, "skip": 0,
+                                "consumer": [me, consumers], "epoch": epoch, "ended": False}
         if resume is not None:
-            saved = resume.get("consumer")
-            if saved is not None and saved[1] != consumers:
-                raise ValueError(
-                    f"the state was saved by a ShuffleBuffer read by {saved[1]} consumers (ranks "
-                    f"x DataLoader workers) but this pass has {consumers}: resume with as many "
-                    "workers, or the stream would read some items twice and others never")
-            if "upstream" in resume and saved in (None, [me, consumers]):  # this consumer's
+            if "upstream" in resume and saved == [me, consumers]:  # this consumer's own
                 self.iterable.load_state_dict(resume["upstream"])
-                live["buffer"] = list(resume["buffer"])
+                live.update(buffer=list(resume["buffer"]), yielded=resume["yielded"])
                 rng.bit_generator.state = resume["rng"]
-                live["yielded"] = resume["yielded"]
             else:  # read this consumer's stream again and pass over what was yielded
-                skip = resume["yielded"]
+                live.update(skip=resume["yielded"], loaded=resume)
         self._live = live
-        return _shuffled(iter(self.iterable), self.buffer_size, live, skip)
+        return _shuffled(iter(self.iterable), self.buffer_size, live)
 
     def state_dict(self) -> dict[str, Any]:
         """The buffer, the draws so far and the upstream position: enough to go on exactly
-        (a state loaded and not yet resumed: that state)."""
-        if self._resume is not None:
-            return dict(self._resume)
+        (a state loaded and not yet gone past: that state)."""
         live = self._live
+        if self._resume is not None or (live and live["skip"]):
+            return dict(self._resume if self._resume is not None else live["loaded"])
         state: dict[str, Any] = {"version": STATE_VERSION, "epoch": self.epoch,
                                  "seed": self.seed, "buffer_size": self.buffer_size,
-                                 "buffer": list(live["buffer"]) if live else [],
-                                 "rng": live["rng"].bit_generator.state if live else None,
-                                 "yielded": live["yielded"] if live else 0}
+                                 "buffer": [], "rng": None, "yielded": 0, "consumer": None,
+                                 "ended": False}
         if live:
-            state["consumer"] = list(live["consumer"])
+            state.update(epoch=live["epoch"], buffer=list(live["buffer"]),
+                         rng=live["rng"].bit_generator.state, yielded=live["yielded"],
+                         consumer=list(live["consumer"]), ended=live["ended"])
         if callable(getattr(self.iterable, "state_dict", None)):
             state["upstream"] = self.iterable.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next pass continue the saved one."""
+        """Make the next pass continue the saved one (one saved as its pass ended gives that
+        pass's empty rest, and the epoch ``set_epoch`` chose, if it was called, stays)."""
         if not isinstance(state, Mapping):
             raise TypeError(f"a ShuffleBuffer state is the dict state_dict() gave, got "
                             f"{type(state).__name__}")
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a ShuffleBuffer state (version {STATE_VERSION}): {state!r:.200}")
+            raise ValueError(f"the state was saved by another version of shardwise (its "
+                             f"ShuffleBuffer state version {state.get('version')!r}; this one "
+                             f"reads {STATE_VERSION}): resume it with the version that saved it")
         for key in ("seed", "buffer_size"):  # another would draw other places: repeats, losses
-            if key in state and state[key] != getattr(self, key):
+            if state[key] != getattr(self, key):
                 raise ValueError(f"the state was saved with {key}={state[key]!r} but this "
                                  f"ShuffleBuffer has {key}={getattr(self, key)!r}: build it as "
                                  "it was when the state was saved")
-        self.epoch = require_int("saved epoch", state["epoch"])
-        saved = state.get("consumer")
+        epoch = require_int("saved epoch", state["epoch"])
+        saved = state["consumer"]
         if saved is not None and not (isinstance(saved, (list, tuple)) and len(saved) == 2):
             raise TypeError(f"the state's consumer is [consumer, consumers], got {saved!r}")
+        if not (state["ended"] and self._epoch_set):
+            self.epoch = epoch
+        self._live = None
         # Put back as the pass begins, which knows its consumer: another's upstream position
         # (another rank's, as Lightning gives every rank) is not this consumer's.
-        self._resume = None if state.get("rng") is None else {  # (None: saved before any pass)
-            **state, "consumer": None if saved is None else [int(saved[0]), int(saved[1])]}
+        self._resume = None if state["rng"] is None else {  # (None: saved before any pass)
+            **state, "epoch": epoch, "consumer": [int(saved[0]), int(saved[1])]}
+        if self._resume is None and "upstream" in state:
+            self.iterable.load_state_dict(state["upstream"])
 
 
 def _consumer(iterable: Iterable[Any]) -> tuple[int, int]:
@@ -124,25 +136,28 @@ def _consumer(iterable: Iterable[Any]) -> tuple[int, int]:
     return (0, 1) if worker is None else (worker.id, worker.num_workers)
 
 
-def _shuffled(items: Iterator[Any], size: int, live: dict[str, Any], skip: int) -> Iterator[Any]:
+def _shuffled(items: Iterator[Any], size: int, live: dict[str, Any]) -> Iterator[Any]:
     """``items`` through the buffer of ``size`` in ``live`` (with its draws and count), passing
-    over the first ``skip`` that come out."""
+    over the first ``live["skip"]`` that come out."""
     buffer, rng = live["buffer"], live["rng"]
+
+    def passed_over() -> bool:
+        live["yielded"] += 1
+        if live["skip"]:
+            live["skip"] -= 1
+            return True
+        return False
+
     for item in items:
         if len(buffer) < size:
             buffer.append(item)
             continue
         slot = int(rng.integers(len(buffer)))
         out, buffer[slot] = buffer[slot], item
-        live["yielded"] += 1
-        if skip:
-            skip -= 1
-            continue
-        yield out
+        if not passed_over():
+            yield out
     while buffer:
         out = buffer.pop(int(rng.integers(len(buffer))))
-        live["yielded"] += 1
-        if skip:
-            skip -= 1
-            continue
-        yield out
+        if not passed_over():
+            yield out
+    live["ended"] = True
