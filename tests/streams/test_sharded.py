@@ -281,6 +281,24 @@ def test_paths_as_shards_are_refused_naming_the_helpers_that_read_files():
             shard_iterable(shards=[[1, 2], path], rank=0, world_size=1)
     with pytest.raises(TypeError, match="shards must be a list of shards, got str"):
         shard_iterable(shards="data/a.txt", rank=0, world_size=1)
+    with pytest.raises(TypeError, match=r"the stream is a path \('data/a.txt'\), not its items"):
+        shard_iterable("data/a.txt", rank=0, world_size=1)
+
+
+def test_shards_from_the_script_are_named_alike_in_spawned_ranks():
+    def opener():
+        return range(3)
+
+    def spawned():
+        return range(3)
+
+    # A rank running the script calls it __main__; one spawned by multiprocessing, __mp_main__.
+    opener.__module__, spawned.__module__, spawned.__qualname__ = ("__main__", "__mp_main__",
+                                                                   opener.__qualname__)
+    spawned.__code__ = opener.__code__
+    fingerprints = [shard_iterable(shards=[shard], rank=0, world_size=1).fingerprint()
+                    for shard in (opener, spawned)]
+    assert fingerprints[0] == fingerprints[1]
 
 
 def test_a_shard_that_refuses_its_length_is_named_by_its_type():

@@ -15,6 +15,8 @@ import functools
 import inspect
 import re
 
+from shardwise.names import qualified_name
+
 _PLAIN = (str, bytes, int, float, type(None))  # (bool is an int)
 
 
@@ -40,8 +42,4 @@ def describe(value: object) -> str:
     bound = getattr(value, "__self__", None)
     if bound is not None and not inspect.ismodule(bound) and hasattr(value, "__name__"):
         return f"{describe(bound)}.{value.__name__}"  # a bound method: its object's, not another's
-    named = value if hasattr(value, "__qualname__") else type(value)  # a function, or an object
-    module = getattr(named, "__module__", None)  # (str.split has none)
-    if module == "__mp_main__":  # the script, as a process spawned by multiprocessing names it
-        module = "__main__"
-    return f"{module}.{named.__qualname__}" if module else named.__qualname__
+    return qualified_name(value if hasattr(value, "__qualname__") else type(value))

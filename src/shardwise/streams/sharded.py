@@ -41,6 +41,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import digest
+from shardwise.names import qualified_name
 
 STATE_VERSION = 2  # 2: each consumer's items read in the pass, too
 Shard = Iterable[Any] | Callable[[], Iterable[Any]]
@@ -68,10 +69,12 @@ class ShardedIterable(IterableDataset):
                              "shards, each an iterable or a function that opens one), not both")
         if shards is not None and (isinstance(shards, (str, bytes)) or not isinstance(shards, Sequence)):
             raise TypeError(f"shards must be a list of shards, got {type(shards).__name__}")
-        for number, shard in enumerate(shards or ()):
-            if isinstance(shard, (str, bytes, os.PathLike)):  # (its characters, or an error)
+        named = [("the stream", iterable)] if shards is None else [
+            (f"shard {number}", shard) for number, shard in enumerate(shards)]
+        for what, given in named:
+            if isinstance(given, (str, bytes, os.PathLike)):  # (its characters, or an error)
                 raise TypeError(
-                    f"shard {number} is a path ({os.fsdecode(shard)!r}), not its items: pass "
+                    f"{what} is a path ({os.fsdecode(given)!r}), not its items: pass "
                     "shards=line_shards(paths) (or row_group_shards(paths)) from "
                     "shardwise.streams.files to read files' lines (or Parquet rows)")
         self.world_size, self.rank = resolve_world(world_size, rank)
@@ -266,7 +269,7 @@ def shard_identity(shard: Shard) -> str:
         size = f"[{len(shard)}]"  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - no length (a stream), or one that refuses to tell
         size = ""
-    return f"{_qualified(type(shard))}{size}"
+    return f"{qualified_name(type(shard))}{size}"
 
 
 _PLAIN = (int, float, str, bytes, bool, type(None))
@@ -284,8 +287,8 @@ def _callable_identity(function: Callable[..., Any]) -> str:
         return f"{_plain(function.__self__)}.{function.__name__}"
     if not isinstance(function, (types.FunctionType, types.BuiltinFunctionType, type)):
         held = getattr(function, "__dict__", {})
-        return f"{_qualified(type(function))}({_held(held.items())})"
-    name = _qualified(function)
+        return f"{qualified_name(type(function))}({_held(held.items())})"
+    name = qualified_name(function)
     if not isinstance(function, types.FunctionType):
         return name
     code = function.__code__
@@ -311,10 +314,6 @@ def _filled(cell: types.CellType) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _qualified(thing: Any) -> str:
-    return f"{getattr(thing, '__module__', '?')}.{getattr(thing, '__qualname__', '?')}"
 
 
 def _open(shard: Shard) -> Iterator[Any]:
