@@ -1,6 +1,7 @@
 """The loader's state counts batches delivered, and resumes at exactly the next one."""
 
 import json
+import multiprocessing
 import random
 import time
 from collections import Counter
@@ -1470,3 +1471,25 @@ def test_a_resume_reads_torchs_distributed_sampler_in_the_epoch_set_after_iter(w
     mismatched.load_state_dict(state)
     with pytest.raises(StateMismatchError, match="batch_size"):
         iter(mismatched)  # refused as the pass is made, all the same
+
+
+def test_a_resumed_pass_not_yet_begun_is_retired_by_the_next_on_persistent_workers():
+    def loader():
+        return DataLoader(Indexed(40), batch_size=2, num_workers=2, persistent_workers=True,
+                          sampler=TorchDistributed(Indexed(40), num_replicas=2, rank=0, seed=0))
+
+    saving = loader()
+    iterator = iter(saving)
+    values(islice(iterator, 2))
+    state = saving.state_dict()
+    rest = values(iterator)
+    del iterator
+    saving._iterator = None  # its workers stop
+    resumed = loader()
+    resumed.load_state_dict(state)
+    first, second = iter(resumed), iter(resumed)  # (the first waits for its first next())
+    assert values(first) == [] and values(second) == rest  # as on torch's persistent workers
+    assert len(multiprocessing.active_children()) == 2  # one pool, the second pass's
+    del first, second
+    resumed._iterator = None  # how Lightning stops them
+    assert multiprocessing.active_children() == []

@@ -189,8 +189,10 @@ class DataLoader(TorchDataLoader[T_co]):
             self.check_worker_number_rationality()
         kept = self._workers if self._workers is not None and self._workers.alive else None
         previous = self._pass() if self._pass is not None else None
-        if kept is not None and previous is not None:
-            previous.retire()  # its stages must not read the workers the new pass starts over
+        if previous is not None and (kept is not None or previous.waiting):
+            # Its stages must not read the workers the new pass starts over; one that has not
+            # begun must not start workers of its own beside the new pass's.
+            previous.retire()
         current = LoaderIterator(self, kept)
         self._pass = weakref.ref(current) if self.persistent_workers else None
         return current

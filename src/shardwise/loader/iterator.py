@@ -43,6 +43,7 @@ from shardwise.loader.position import (
     new_record,
     next_pass_states,
     orders_by_epoch,
+    placement,
     resumable_sampler,
 )
 from shardwise.loader.randomness import restore_randomness
@@ -348,7 +349,7 @@ class LoaderIterator(_BaseDataLoaderIter):
         return self
 
     def __next__(self) -> Any:
-        if self._undecided is not None and not self._closed:
+        if self.waiting:
             self._decide()
         if self._closed:
             if self._stopped_by is not None:  # not an end: the rest of the pass is lost
@@ -431,7 +432,8 @@ class LoaderIterator(_BaseDataLoaderIter):
         if worker is not None:
             self.record.next_worker = (worker + 1) % self._num_workers
         if self.record.batches == 1:  # the sampler's pass has begun: note where it stands
-            self.record.sampler_placement = getattr(self._sampler, "placement", None)
+            self.record.sampler_placement = (None if self._sampler is None
+                                             else placement(self._sampler))
 
     def _warn_past_length(self) -> None:
         """torch's warning: an IterableDataset gave more than its ``len`` (compared as torch does)."""
@@ -574,6 +576,11 @@ class LoaderIterator(_BaseDataLoaderIter):
 
     def __getstate__(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")  # as torch's
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the pass waits for its first ``next()`` to begin (see ``__init__``)."""
+        return self._undecided is not None and not self._closed
 
     def retire(self) -> None:
         """End this pass for a new one on the same persistent workers: ``next`` raises

@@ -57,7 +57,13 @@ def resumable_sampler(loader: Any) -> Any | None:
 def sampler_placement(loader: Any) -> Any:
     """Where a shardwise sampler stands (None without one): its epoch, and how many times
     ``set_epoch`` began an epoch anew. A resume or a record made elsewhere no longer applies."""
-    return getattr(resumable_sampler(loader), "placement", None)
+    sampler = resumable_sampler(loader)
+    return None if sampler is None else placement(sampler)
+
+
+def placement(sampler: Any) -> tuple[Any, int]:
+    """A resumable sampler's ``placement`` (one that has none: its epoch alone)."""
+    return getattr(sampler, "placement", (getattr(sampler, "epoch", None), 0))
 
 
 @dataclass
@@ -542,7 +548,7 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 "its resume may repeat or skip a few: resume each rank from its own state, or "
                 "use in_order=True", stacklevel=3)
             common["ahead"] = {}  # the other rank's early batches are not ours
-        epoch, restarts = sampler.placement
+        epoch, restarts = placement(sampler)
         return Resume(skip=0, resumed_batches=before, randomness={},
                       sampler_placement=(epoch if saved_epoch is None else saved_epoch, restarts),
                       **common)
