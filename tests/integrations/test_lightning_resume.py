@@ -54,7 +54,7 @@ class Recorder(lightning.LightningModule):
         super().__init__()
         self.folder, self.run, self.streamed = folder, run, streamed
         self.layer = torch.nn.Linear(1, 1)
-        self.seen: list[int] = []
+        self.seen: list[tuple[int, int]] = []  # (epoch, sample)
 
     def train_dataloader(self) -> DataLoader:
         if self.streamed:  # shards of 5 samples; Lightning gives every rank rank 0's state
@@ -66,7 +66,7 @@ class Recorder(lightning.LightningModule):
                           num_workers=1)
 
     def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
-        self.seen.extend(int(i) for i in batch.flatten())
+        self.seen.extend((self.current_epoch, int(i)) for i in batch.flatten())
         return self.layer(batch).sum()
 
     def on_train_end(self) -> None:
@@ -77,8 +77,9 @@ class Recorder(lightning.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def trainer(tmp_path: Path, callbacks: list | tuple = (), **options) -> "lightning.Trainer":
-    return lightning.Trainer(accelerator="cpu", devices=WORLD, strategy="ddp_spawn", logger=False,
+def trainer(tmp_path: Path, callbacks: list | tuple = (), devices: int = WORLD,
+            **options) -> "lightning.Trainer":
+    return lightning.Trainer(accelerator="cpu", devices=devices, strategy="ddp_spawn", logger=False,
                              enable_progress_bar=False, enable_model_summary=False,
                              default_root_dir=tmp_path,
                              callbacks=[*callbacks, LeaveTheGroupTogether()], **options)
@@ -95,11 +96,33 @@ def test_a_run_resumed_mid_epoch_trains_each_sample_once(tmp_path, streamed):
     (checkpoint,) = checkpoints.glob("*.ckpt")
     trainer(tmp_path, max_epochs=1).fit(Recorder(str(tmp_path), "second", streamed),
                                         ckpt_path=checkpoint)
-    trained = Counter()
-    for run in ("first", "second"):
-        for rank in range(WORLD):
-            trained.update(json.loads((tmp_path / f"{run}-rank{rank}.json").read_text()))
-    assert sorted(trained.elements()) == list(range(SIZE))
+    assert sorted(trained(tmp_path, {"first": WORLD, "second": WORLD})[0].elements()) == list(
+        range(SIZE))
+
+
+def trained(folder: Path, runs: dict[str, int]) -> dict[int, Counter]:
+    """The samples each epoch trained, over ``runs`` (their names and processes)."""
+    epochs: dict[int, Counter] = {}
+    for run, processes in runs.items():
+        for rank in range(processes):
+            for epoch, sample in json.loads((folder / f"{run}-rank{rank}.json").read_text()):
+                epochs.setdefault(epoch, Counter())[sample] += 1
+    return epochs
+
+
+@pytest.mark.timeout(300)
+def test_a_run_resumed_mid_epoch_on_fewer_processes_trains_every_epoch_whole(tmp_path):
+    """Lightning keeps the epoch length it reads after loading the state for the whole run:
+    the resumed epoch, shorter there, ends at its own end, and the next ones are whole."""
+    checkpoints = tmp_path / "checkpoints"
+    saver = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=4,
+                                                        save_top_k=-1)
+    trainer(tmp_path, max_steps=4, callbacks=[saver]).fit(Recorder(str(tmp_path), "first"))
+    (checkpoint,) = checkpoints.glob("*.ckpt")
+    trainer(tmp_path, devices=1, max_epochs=2).fit(Recorder(str(tmp_path), "second"),
+                                                   ckpt_path=checkpoint)
+    epochs = trained(tmp_path, {"first": WORLD, "second": 1})
+    assert [sorted(epochs[epoch].elements()) for epoch in (0, 1)] == [list(range(SIZE))] * 2
 
 
 class EpochRecorder(lightning.LightningModule):

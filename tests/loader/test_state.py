@@ -194,6 +194,27 @@ def test_a_resumed_pass_on_more_ranks_counts_its_steps_and_ends_at_its_own_end()
             assert values(loader(4, rank, again.state_dict())) == expected
 
 
+def test_a_resumed_pass_on_fewer_ranks_says_a_fresh_epochs_length_and_ends_at_its_own_end():
+    """4 ranks train 5 batches, 2 finish the epoch: the resumed pass has fewer steps (5 + 3)
+    than a 2-rank epoch (13), and len() is the larger, since Lightning keeps the length it
+    reads after the load for every later epoch."""
+    def loader(world, rank, state=None):
+        made = DataLoader(Indexed(103), batch_size=4, sampler=DistributedSampler(
+            103, world, rank, seed=1, remainder="uneven"))
+        if state is not None:
+            made.load_state_dict(state)
+        return made
+
+    before = loader(4, 0)
+    list(islice(before, 5))
+    state = before.state_dict()
+    for rank in range(2):
+        resumed = loader(2, rank, state)
+        assert len(resumed) == len(loader(2, rank)) == 13
+        assert len(values(resumed)) == 3  # the rest: 23 samples over 2 ranks
+        assert len(resumed) == 13 == len(values(resumed))  # the next epoch, whole
+
+
 def test_a_batch_sampler_of_its_own_over_a_shardwise_sampler_resumes_at_every_step():
     class Pairs(BatchSampler):  # batches of 2 whatever batch_size says, as a token budget may
         def __iter__(self):

@@ -249,10 +249,14 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def __len__(self) -> int:
         """Batches in the epoch, as torch counts them. A pass resumed mid-epoch yields only those
-        still to come; on another world size, those and the ones delivered before the resume."""
+        still to come. On another world size the resumed epoch may have more steps than a fresh
+        one (those delivered before the resume, then the rest over fewer ranks): the length is
+        the larger, since trainers (Lightning) count steps up to it, and keep it for the epochs
+        after (a loader that ends sooner just ends the epoch)."""
+        whole = super().__len__()
         before = resumed_batches(self, self._resume, self._record)
         own = pass_batches(self, resumable_sampler(self)) if before else None
-        return super().__len__() if own is None else before + own
+        return whole if own is None else max(whole, before + own)
 
     def set_epoch(self, epoch: int) -> None:
         """``set_epoch`` on the loader's sampler (or its batch sampler's), for one-line loops."""
