@@ -163,19 +163,20 @@ def test_every_ranks_uneven_state_at_every_step_resumes_any_world_exactly(
         assert sorted(trained) == list(range(size))  # nothing lost
 
 
+def uneven_loader(world: int, rank: int, state: dict | None = None) -> DataLoader:
+    """Batches of 4 of rank ``rank`` of ``world`` over 103 samples, split unevenly."""
+    made = DataLoader(Indexed(103), batch_size=4, sampler=DistributedSampler(
+        103, world, rank, seed=1, remainder="uneven"))
+    if state is not None:
+        made.load_state_dict(state)
+    return made
+
+
 def test_a_resumed_pass_on_more_ranks_counts_its_steps_and_ends_at_its_own_end():
     """3 ranks train 5 batches, 4 finish the epoch; a state after each of their batches resumes
     the rest of that rank's pass exactly, and len() counts the steps of the epoch across the
     resume (5 + 3: more than a 4-rank epoch's 7), as a trainer counting steps needs."""
-    size = 103
-
-    def loader(world, rank, state=None):
-        made = DataLoader(Indexed(size), batch_size=4, sampler=DistributedSampler(
-            size, world, rank, seed=1, remainder="uneven"))
-        if state is not None:
-            made.load_state_dict(state)
-        return made
-
+    loader = uneven_loader
     before = loader(3, 0)
     list(islice(before, 5))
     state = before.state_dict()
@@ -198,13 +199,7 @@ def test_a_resumed_pass_on_fewer_ranks_says_a_fresh_epochs_length_and_ends_at_it
     """4 ranks train 5 batches, 2 finish the epoch: the resumed pass has fewer steps (5 + 3)
     than a 2-rank epoch (13), and len() is the larger, since Lightning keeps the length it
     reads after the load for every later epoch."""
-    def loader(world, rank, state=None):
-        made = DataLoader(Indexed(103), batch_size=4, sampler=DistributedSampler(
-            103, world, rank, seed=1, remainder="uneven"))
-        if state is not None:
-            made.load_state_dict(state)
-        return made
-
+    loader = uneven_loader
     before = loader(4, 0)
     list(islice(before, 5))
     state = before.state_dict()
