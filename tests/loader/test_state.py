@@ -1394,15 +1394,23 @@ def test_a_stateful_stream_put_back_by_its_own_state_resumes_on_another_batch_si
     assert values(resumed) == [[4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
 
 
-def test_a_loaded_state_whose_sampler_moved_to_another_epoch_saves_that_epochs_start():
-    def loader():
-        return DataLoader(Indexed(40), batch_size=4,
-                          sampler=DistributedSampler(40, 2, 0, seed=0))
+def rank_0_of_2() -> DataLoader:
+    """Batches of 4 of rank 0's half of 40 samples."""
+    return DataLoader(Indexed(40), batch_size=4, sampler=DistributedSampler(40, 2, 0, seed=0))
 
-    saving = loader()
+
+def saved_after_two_batches() -> tuple[DataLoader, DataLoader]:
+    """``rank_0_of_2()`` after 2 batches, and another with its state loaded."""
+    saving = rank_0_of_2()
     list(islice(saving, 2))
-    resumed = loader()
+    resumed = rank_0_of_2()
     resumed.load_state_dict(saving.state_dict())
+    return saving, resumed
+
+
+def test_a_loaded_state_whose_sampler_moved_to_another_epoch_saves_that_epochs_start():
+    loader = rank_0_of_2
+    saving, resumed = saved_after_two_batches()
     assert resumed.state_dict() == saving.state_dict()  # as loaded, while its epoch stands
     resumed.sampler.set_epoch(1)  # the job moves on: the rest of epoch 0 is dropped
     again = loader()
@@ -1413,14 +1421,8 @@ def test_a_loaded_state_whose_sampler_moved_to_another_epoch_saves_that_epochs_s
 
 
 def test_an_epoch_left_and_set_again_after_a_load_begins_whole():
-    def loader():
-        return DataLoader(Indexed(40), batch_size=4,
-                          sampler=DistributedSampler(40, 2, 0, seed=0))
-
-    saving = loader()
-    list(islice(saving, 2))
-    resumed = loader()
-    resumed.load_state_dict(saving.state_dict())
+    loader = rank_0_of_2
+    _, resumed = saved_after_two_batches()
     resumed.set_epoch(1)
     resumed.set_epoch(0)  # back: the sampler dropped the rest of epoch 0 and begins it whole
     whole = values(loader())
@@ -1432,10 +1434,7 @@ def test_an_epoch_left_and_set_again_after_a_load_begins_whole():
 
 
 def test_a_pass_whose_epoch_was_left_and_set_again_saves_that_epochs_start():
-    def loader():
-        return DataLoader(Indexed(40), batch_size=4,
-                          sampler=DistributedSampler(40, 2, 0, seed=0))
-
+    loader = rank_0_of_2
     saving = loader()
     list(islice(saving, 2))
     saving.set_epoch(1)
