@@ -170,13 +170,17 @@ def test_a_state_still_to_be_passed_over_is_the_loaded_one_until_it_is():
     assert sorted(head + rest) == list(range(30))
 
 
-def test_a_state_saved_as_its_pass_ended_keeps_the_epoch_set_epoch_chose():
+@pytest.mark.parametrize("on", ["its end", "its last item"])
+def test_a_state_saved_as_its_pass_ended_keeps_the_epoch_set_epoch_chose(on):
     def buffer():
         return _sharded_buffer()
 
     uninterrupted = buffer()
-    list(uninterrupted)
-    state = uninterrupted.state_dict()
+    iterator = iter(uninterrupted)
+    assert len(list(islice(iterator, 60))) == 60
+    if on == "its end":
+        assert list(iterator) == []
+    state = uninterrupted.state_dict()  # (a checkpoint on the last step sees no end)
     uninterrupted.set_epoch(1)
     expected = list(uninterrupted)
     resumed = buffer()
@@ -195,6 +199,9 @@ def test_a_refused_state_stays_loaded_and_an_older_versions_is_named():
             iter(other)
     with pytest.raises(ValueError, match="another version of shardwise .* version 1; this one"):
         other.load_state_dict({**buffer.state_dict(), "version": 1})
+    with pytest.raises(ValueError, match="the state has no 'rng': pass what state_dict"):
+        other.load_state_dict({key: value for key, value in buffer.state_dict().items()
+                               if key != "rng"})
 
 
 @pytest.mark.timeout(120)

@@ -249,10 +249,10 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def __len__(self) -> int:
         """Batches in the epoch, as torch counts them. A pass resumed mid-epoch yields only those
-        still to come. On another world size the resumed epoch may have more steps than a fresh
-        one (those delivered before the resume, then the rest over fewer ranks): the length is
-        the larger, since trainers (Lightning) count steps up to it, and keep it for the epochs
-        after (a loader that ends sooner just ends the epoch)."""
+        still to come. On another world size the resumed epoch's steps (those delivered before
+        the resume, then the rest) differ from a fresh epoch's: more on more ranks, fewer on
+        fewer. The length is the larger: Lightning keeps the length it reads after the load as
+        every later epoch's step count, and ends an epoch whose loader ends sooner there."""
         whole = super().__len__()
         before = resumed_batches(self, self._resume, self._record)
         own = pass_batches(self, resumable_sampler(self)) if before else None

@@ -21,6 +21,7 @@ from shardwise.mix import mix_ints
 from shardwise.samplers.passes import SEED_MAX, SEED_MIN
 
 STATE_VERSION = 2  # 2: each consumer draws its own places, and a state says whose it is
+_STATE_KEYS = ("epoch", "seed", "buffer_size", "buffer", "rng", "yielded", "consumer", "ended")
 
 
 class ShuffleBuffer(IterableDataset):
@@ -107,6 +108,10 @@ class ShuffleBuffer(IterableDataset):
             raise ValueError(f"the state was saved by another version of shardwise (its "
                              f"ShuffleBuffer state version {state.get('version')!r}; this one "
                              f"reads {STATE_VERSION}): resume it with the version that saved it")
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"the state has no {', '.join(map(repr, missing))}: pass what "
+                             "state_dict() gave")
         for key in ("seed", "buffer_size"):  # another would draw other places: repeats, losses
             if state[key] != getattr(self, key):
                 raise ValueError(f"the state was saved with {key}={state[key]!r} but this "
@@ -158,6 +163,7 @@ def _shuffled(items: Iterator[Any], size: int, live: dict[str, Any]) -> Iterator
             yield out
     while buffer:
         out = buffer.pop(int(rng.integers(len(buffer))))
+        live["ended"] = not buffer  # (a state taken on the last item has seen the end)
         if not passed_over():
             yield out
     live["ended"] = True
