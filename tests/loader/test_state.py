@@ -1508,3 +1508,18 @@ def test_a_resumed_pass_not_yet_begun_is_retired_by_the_next_on_persistent_worke
     del first, second
     resumed._iterator = None  # how Lightning stops them
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_as_the_next_automatic_epoch_begins_resumes_that_epoch(workers):
+    def loader():  # set_epoch never called: each pass takes the next epoch by itself
+        return DataLoader(Indexed(20), batch_size=4, num_workers=workers,
+                          sampler=DistributedSampler(20, 1, 0, seed=2))
+
+    saving = loader()
+    values(saving)  # epoch 0, whole
+    iterator = iter(saving)  # epoch 1, nothing delivered yet
+    state = saving.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert values(resumed) == values(iterator)

@@ -291,6 +291,7 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
 
         The state is plain data (ints, strings, lists): ``json`` and ``torch.save`` keep it.
         """
+        self._before_state(consumed)
         if (ended := self._state_if_ended(consumed)) is not None:
             return ended
         share = self.pass_length

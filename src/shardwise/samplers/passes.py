@@ -174,15 +174,25 @@ class EpochSampler(Sampler[int]):
         return self._take(self._at, self._pass_context(self._at), start, stop)
 
     def __iter__(self) -> Iterator[int]:
+        return Pass(self, self._next_start(), self._generation).iterator()
+
+    def _next_start(self) -> Any:
+        """Where the next pass starts."""
         if self._fresh:
-            at = self._at
-        elif self._chosen:  # a pass already began here: the epoch set_epoch chose, again
+            return self._at
+        if self._chosen:  # a pass already began here: the epoch set_epoch chose, again
             # (an ended epoch's empty rest stays empty: torchdata's loader begins one and drops it)
             empty = self._active is not None and self._active.length == 0
-            at = self._at if empty else self._start_of(self._at.epoch)
-        else:  # a pass already began here and set_epoch was never called: the next epoch
-            at = self._start_of(self._checked_epoch(self._at.epoch + 1))
-        return Pass(self, at, self._generation).iterator()
+            return self._at if empty else self._start_of(self._at.epoch)
+        # a pass already began here and set_epoch was never called: the next epoch
+        return self._start_of(self._checked_epoch(self._at.epoch + 1))
+
+    def _before_state(self, consumed: int | None) -> None:
+        """A state of a pass that has used nothing yet (``consumed=0``, a loader's pass not yet
+        begun) after one that ran out describes the next pass: the sampler stands where it
+        starts (the next epoch, without set_epoch), as its ``__iter__`` will."""
+        if consumed == 0 and self._active is not None and self._active.finished:
+            self._stand_at(self._next_start())
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy keeps the position, not a live pass or anything cached.

@@ -61,6 +61,7 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """Where this rank's stream stands; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
+        self._before_state(consumed)
         if (ended := self._state_if_ended(consumed)) is not None:
             return ended
         share = self.pass_length
