@@ -57,8 +57,11 @@ def test_the_worked_example_and_determinism():
     assert list(sampler) == first
 
 
-@pytest.mark.parametrize("labels", [[2, 0, 1, 1], np.array([2, 0, 1, 1]), torch.tensor([2, 0, 1, 1]),
-                                    ["b", "a", "c", "c"]], ids=["list", "numpy", "tensor", "str"])
+@pytest.mark.parametrize("labels", [
+    [2, 0, 1, 1], np.array([2, 0, 1, 1]), torch.tensor([2, 0, 1, 1]), ["b", "a", "c", "c"],
+    np.array(["b", "a", "c", "c"], dtype=object),  # (pandas' .values of strings)
+    torch.tensor([2, 0, 1, 1], dtype=torch.bfloat16), [2**63 + 1, 2**63, 0, 0],  # (not floats)
+], ids=["list", "numpy", "tensor", "str", "objects", "bfloat16", "past int64"])
 def test_labels_in_any_form(labels):
     sampler = ClassBalancedSampler(labels, num_replicas=1, rank=0, num_samples=6)
     assert len(list(sampler)) == 6 and len(sampler.classes) == 3
@@ -109,6 +112,8 @@ def test_a_state_from_another_configuration_is_refused(change, field):
     ([], ValueError, "non-empty 1-D"), ([[0, 1]], ValueError, "non-empty 1-D"),
     ([0.0, float("nan")], ValueError, "NaN"), ([1, "a", None], TypeError, "one type"),
     ([1, "1", 2, 2], TypeError, "one type"),  # NumPy would make "1" of 1: one class
+    (["a", b"a"], TypeError, "one type, got bytes and str"),  # and "a" of b"a"
+    ([-1, 2**63], ValueError, "integers that no 64-bit type holds together"),  # floats of both
 ])
 def test_bad_labels_are_named(labels, error, message):
     with pytest.raises(error, match=message):
@@ -121,6 +126,7 @@ def test_check_consistent_sees_its_configuration():
     assert sampler.config()["classes"] == 2
     other = ClassBalancedSampler(make_labels([4, 4], seed=1), num_replicas=1, rank=0)
     assert other.fingerprint() != sampler.fingerprint()  # different labels, same sizes
+    assert other.config()["labels_digest"] != sampler.config()["labels_digest"]  # named so
     labels = make_labels([500, 500])
     swapped = labels.copy()
     first_1, first_0 = np.flatnonzero(labels == 1)[0], np.flatnonzero(labels == 0)[-1]

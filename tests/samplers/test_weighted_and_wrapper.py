@@ -133,8 +133,10 @@ def test_extreme_weights_draw_only_positive_weights_and_differences_are_seen():
     weights = np.arange(1.0, 1001.0)
     swapped = weights.copy()
     swapped[[1, 950]] = swapped[[950, 1]]
-    assert (WeightedDistributedSampler(weights, 5, num_replicas=1, rank=0).fingerprint()
-            != WeightedDistributedSampler(swapped, 5, num_replicas=1, rank=0).fingerprint())
+    samplers = [WeightedDistributedSampler(each, 5, num_replicas=1, rank=0)
+                for each in (weights, swapped)]
+    assert samplers[0].fingerprint() != samplers[1].fingerprint()
+    assert samplers[0].config()["weights_digest"] != samplers[1].config()["weights_digest"]
 
 
 def test_wrapper_splits_any_samplers_epoch_with_every_index_once():

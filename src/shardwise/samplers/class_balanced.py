@@ -129,7 +129,8 @@ class ClassBalancedSampler(RankStreamSampler):
         """What every rank must agree on: compared by :func:`shardwise.check_consistent`."""
         return {"sampler": "ClassBalancedSampler", "size": self.size, "seed": self.seed,
                 "epoch": self.epoch, "classes": len(self.classes),
-                "num_replicas": self.num_replicas, "num_samples": self.num_samples}
+                "num_replicas": self.num_replicas, "num_samples": self.num_samples,
+                **self.drawn_from()}  # (named, so that ranks with other labels are told so)
 
     def drawn_from(self) -> dict[str, str]:
         """The labels' digest, which a saved state must match."""
@@ -145,18 +146,59 @@ class ClassBalancedSampler(RankStreamSampler):
 
 
 def _class_codes(labels: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Each label's class number (classes sorted), and the classes."""
+    """Each label's class number (classes sorted), and the classes.
+
+    >>> codes, classes = _class_codes([2**63, 1, 2**63 + 1])  # (NumPy would make floats of
+    >>> codes.tolist(), classes.tolist()                       # them: one class of the two)
+    ([1, 0, 2], [1, 9223372036854775808, 9223372036854775809])
+    """
     if isinstance(labels, torch.Tensor):
-        labels = labels.detach().cpu().numpy()
-    values = np.asarray(labels)
+        labels = labels.detach().cpu()
+        if labels.dtype == torch.bfloat16:  # (NumPy has none: every bfloat16 is a float32)
+            labels = labels.float()
+        labels = labels.numpy()
+    given = labels if isinstance(labels, np.ndarray) else list(labels)
+    values = np.asarray(given)
     if values.ndim != 1 or values.size == 0:
         raise ValueError(f"labels must be a non-empty 1-D sequence (one label per sample), got "
                          f"shape {values.shape}")
     if values.dtype.kind == "f" and np.isnan(values).any():
         raise ValueError("labels hold NaN: give every sample a class")
-    if values.dtype.kind == "O" or (values.dtype.kind in "US" and not isinstance(labels, np.ndarray)
-                                    and not all(isinstance(label, (str, bytes)) for label in labels)):
-        # (NumPy would turn [1, "1"] into two equal strings: one class.)
-        raise TypeError("labels must be numbers or strings of one type (a NumPy-sortable array)")
+    if values.dtype.kind == "O" or (values.dtype.kind in "USf" and given is not labels):
+        values = _one_kind(given, values)
     classes, codes = np.unique(values, return_inverse=True)
     return codes.reshape(-1).astype(np.int64), classes
+
+
+def _one_kind(labels: list[Any] | np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``labels`` as an array of one kind that keeps them apart: NumPy would make equal strings
+    of ``[1, "1"]`` or ``["a", b"a"]``, equal floats of integers past 2**63, and objects of
+    strings from pandas."""
+    kinds = {_kind(label) for label in labels}
+    if kinds == {"int"}:
+        for exact in (np.int64, np.uint64):
+            try:
+                return np.array(labels, dtype=exact)
+            except OverflowError:
+                continue
+        raise ValueError("labels hold integers that no 64-bit type holds together (below "
+                         "-2**63, past 2**64 - 1, or negatives with some past 2**63 - 1): "
+                         "number the classes 0, 1, 2, ...")
+    if len(kinds) == 1 and kinds <= {"str", "bytes"}:
+        return np.array(labels, dtype=str if kinds == {"str"} else bytes)
+    if values.dtype.kind == "f" and kinds <= {"int", "float"}:
+        return values
+    raise TypeError(f"labels must be numbers or strings of one type, got "
+                    f"{' and '.join(sorted(kinds))}")
+
+
+def _kind(label: Any) -> str:
+    if isinstance(label, (str, np.str_)):
+        return "str"
+    if isinstance(label, (bytes, np.bytes_)):
+        return "bytes"
+    if isinstance(label, (int, np.integer)):  # (bool too: a class of its own, as NumPy sorts it)
+        return "int"
+    if isinstance(label, (float, np.floating)):
+        return "float"
+    return type(label).__name__

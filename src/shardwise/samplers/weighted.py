@@ -108,7 +108,8 @@ class WeightedDistributedSampler(RankStreamSampler):
         """What every rank must agree on: compared by :func:`shardwise.check_consistent`."""
         return {"sampler": "WeightedDistributedSampler", "size": len(self.weights),
                 "seed": self.seed, "epoch": self.epoch, "num_samples": self.num_samples,
-                "replacement": self.replacement, "num_replicas": self.num_replicas}
+                "replacement": self.replacement, "num_replicas": self.num_replicas,
+                **self.drawn_from()}  # (named, so that ranks with other weights are told so)
 
     def drawn_from(self) -> dict[str, str]:
         """The weights' digest, which a saved state must match."""
