@@ -14,6 +14,7 @@ import numpy.typing as npt
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_LOW64 = 2**64 - 1
 
 
 def mix64(values: npt.ArrayLike) -> np.ndarray:
@@ -22,14 +23,15 @@ def mix64(values: npt.ArrayLike) -> np.ndarray:
     >>> int(mix64(0))
     16294208416658607535
     """
+    # In place on an array (0-d for a scalar): wraps modulo 2**64 with no overflow warning,
+    # which NumPy gives only for its scalars (and an errstate block costs more than the rest).
     x = np.asarray(values).astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        x += _GOLDEN
-        x ^= x >> np.uint64(30)
-        x *= _M1
-        x ^= x >> np.uint64(27)
-        x *= _M2
-        x ^= x >> np.uint64(31)
+    x += _GOLDEN
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
     return x
 
 
@@ -41,8 +43,17 @@ def mix_ints(*values: int) -> int:
     """
     key = 0
     for value in values:
-        key = int(mix64(np.uint64(key) ^ np.uint64(value % 2**64)))
+        key = _mix64_int(key ^ (int(value) % 2**64))
     return key
+
+
+def _mix64_int(x: int) -> int:
+    """``mix64`` of one Python int below 2**64, in Python's ints: keys are made often, one at
+    a time (a class's pool, a Feistel round), where NumPy's per-call cost is most of it."""
+    x = (x + 0x9E3779B97F4A7C15) & _LOW64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _LOW64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _LOW64
+    return x ^ (x >> 31)
 
 
 def digest(*chunks: bytes | np.ndarray) -> int:

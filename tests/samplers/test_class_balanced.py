@@ -152,3 +152,16 @@ def test_three_gloo_ranks_draw_disjoint_balanced_streams():
                                           for k in range(0, 28, 4))
     big = [{i for i in s if labels[i] != 3} for s in streams]  # classes split over 3 ranks
     assert not (big[0] & big[1]) and not (big[1] & big[2]) and not (big[0] & big[2])
+
+
+def test_memory_does_not_grow_with_chunk_times_classes():
+    import tracemalloc
+
+    sampler = ClassBalancedSampler(np.arange(100_000) % 10_000, num_replicas=1, rank=0)
+    tracemalloc.start()
+    try:
+        assert len(sampler.indices(0, 70_000)) == 70_000  # 10,000 classes: 7 rounds a chunk
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, peak  # (a chunk x classes matrix of keys was 5 GiB)

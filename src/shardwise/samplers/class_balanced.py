@@ -90,14 +90,17 @@ class ClassBalancedSampler(RankStreamSampler):
         >>> sampler.stream(0, np.arange(4)).shape
         (4,)
         """
-        count = len(self.classes)
-        rounds, slots = np.divmod(positions, count)
-        classes = self._round_orders(epoch, rounds)[np.arange(len(positions)), slots]
+        rounds, slots = np.divmod(positions, len(self.classes))
+        # Each round's class order once (a chunk spans few rounds when there are many classes)
+        distinct, which = np.unique(rounds, return_inverse=True)
+        classes = self._round_orders(epoch, distinct)[which.reshape(-1), slots]
         out = np.empty(len(positions), dtype=np.int64)
         # The q-th round holds each class once: so its draw of a class is that class's q-th.
-        for klass in np.unique(classes):
-            chosen = classes == klass
-            out[chosen] = self._draws(epoch, int(klass), rounds[chosen])
+        # Positions grouped by class with one sort (not one pass over them per class).
+        by_class = np.argsort(classes, kind="stable")
+        present, firsts = np.unique(classes[by_class], return_index=True)
+        for klass, chosen in zip(present.tolist(), np.split(by_class, firsts[1:])):
+            out[chosen] = self._draws(epoch, klass, rounds[chosen])
         return out
 
     def _round_orders(self, epoch: int, rounds: np.ndarray) -> np.ndarray:
@@ -114,7 +117,7 @@ class ClassBalancedSampler(RankStreamSampler):
         split = size >= world  # too small to split: every rank draws from all of it
         share = rank_count(size, world, rank, "uneven") if split else size
         cycles, places = np.divmod(draws, share)
-        for cycle in np.unique(cycles[cycles > 0]):
+        for cycle in np.unique(cycles[cycles > 0]) if share > 1 else ():  # (one: nothing moves)
             again = cycles == cycle
             reshuffled = FeistelOrder(share, mix_ints(self.seed, klass, rank, int(cycle)), epoch)
             places[again] = reshuffled.take(places[again])
