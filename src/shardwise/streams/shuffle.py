@@ -60,12 +60,11 @@ class ShuffleBuffer(IterableDataset):
         me, consumers = _consumer(self.iterable)
         resume = self._resume
         saved = None if resume is None else resume["consumer"]
-        if saved is not None and saved[1] != consumers:  # (refused, the state stays loaded)
+        if saved is not None and saved[1] != consumers:
             raise ValueError(
                 f"the state was saved by a ShuffleBuffer read by {saved[1]} consumers (ranks x "
                 f"DataLoader workers) but this pass has {consumers}: resume with as many "
                 "workers, or the stream would read some items twice and others never")
-        self._resume = None
         epoch = self.epoch if resume is None else resume["epoch"]
         rng = np.random.Generator(np.random.PCG64(mix_ints(self.seed, epoch, me)))
         live: dict[str, Any] = {"buffer": [], "rng": rng, "yielded": 0, "skip": 0,
@@ -77,7 +76,7 @@ class ShuffleBuffer(IterableDataset):
                 rng.bit_generator.state = resume["rng"]
             else:  # read this consumer's stream again and pass over what was yielded
                 live.update(skip=resume["yielded"], loaded=resume)
-        self._live = live
+        self._resume, self._live = None, live  # (a refusal above leaves the state loaded)
         return _shuffled(iter(self.iterable), self.buffer_size, live)
 
     def state_dict(self) -> dict[str, Any]:
@@ -127,7 +126,8 @@ class ShuffleBuffer(IterableDataset):
         # Put back as the pass begins, which knows its consumer: another's upstream position
         # (another rank's, as Lightning gives every rank) is not this consumer's.
         self._resume = None if state["rng"] is None else {  # (None: saved before any pass)
-            **state, "epoch": epoch, "consumer": [int(saved[0]), int(saved[1])]}
+            **state, "epoch": epoch,
+            "consumer": None if saved is None else [int(saved[0]), int(saved[1])]}
         if self._resume is None and "upstream" in state:
             self.iterable.load_state_dict(state["upstream"])
 
