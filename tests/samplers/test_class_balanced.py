@@ -118,6 +118,8 @@ def test_a_state_from_another_configuration_is_refused(change, field):
 def test_bad_labels_are_named(labels, error, message):
     with pytest.raises(error, match=message):
         ClassBalancedSampler(labels, 1, 0)
+    with pytest.raises(ValueError, match="num_samples must be at most 9223372036854775807"):
+        ClassBalancedSampler([0, 1], 1, 0, num_samples=2**63)  # (len() could not say it)
 
 
 def test_check_consistent_sees_its_configuration():

@@ -107,6 +107,7 @@ def test_every_seed_and_epoch_draws_its_own_stream(replacement):
     ([], {}, "non-empty 1-D"), ([1.0, -1.0], {}, r"weights\[1\] = -1.0"),
     ([1.0, float("inf")], {}, "not a finite"), ([0.0, 0.0], {}, "all weights are zero"),
     ([1.0, 1.0], {"replacement": False, "num_samples": 2}, "only 2 samples have a positive weight"),
+    ([1.0], {"num_samples": 2**62}, "num_samples must be at most 4611686018427387903"),  # (x2)
 ])
 def test_bad_weights_are_named(weights, options, message):
     arguments = {"num_samples": 1, "num_replicas": 2, "rank": 0, **options}

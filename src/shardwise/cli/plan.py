@@ -31,6 +31,7 @@ from shardwise.cli.storage import add_storage_option
 from shardwise.order import PERMUTATIONS
 from shardwise.samplers import DistributedSampler
 from shardwise.samplers.distributed import TORCH_ORDER_WARN_SIZE
+from shardwise.samplers.passes import MAX_SIZE
 from shardwise.split import LAYOUTS, REMAINDERS
 
 DESCRIPTION = (
@@ -41,7 +42,6 @@ DESCRIPTION = (
     "--world-size ranks split them instead: the byte range of each rank in text files, its row "
     "groups in Parquet or Arrow IPC files."
 )
-MAX_SIZE = 2**63 - 1  # sample indices are int64
 MAX_EPOCHS = 1000  # every epoch asked for is computed and shown: more is no longer a plan to read
 _BATCH_EDGE = 4  # a longer batch shows its first and last 4 samples
 _MAX_LISTED = 20  # repeated and dropped samples listed by value

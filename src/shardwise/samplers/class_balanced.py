@@ -25,7 +25,7 @@ from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import digest, mix64, mix_ints
 from shardwise.order import FeistelOrder
-from shardwise.samplers.passes import SEED_MAX, SEED_MIN
+from shardwise.samplers.passes import MAX_SIZE, SEED_MAX, SEED_MIN
 from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
 from shardwise.split import rank_count
 
@@ -67,7 +67,7 @@ class ClassBalancedSampler(RankStreamSampler):
         self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
         default = -(-self.size // self.num_replicas)
         self.num_samples = default if num_samples is None else require_int(
-            "num_samples", num_samples, minimum=0)
+            "num_samples", num_samples, minimum=0, maximum=MAX_SIZE)  # (len() takes no more)
         self.class_sizes = np.bincount(codes, minlength=len(self.classes))
         self._members = np.argsort(codes, kind="stable")  # class c's samples, in index order
         self._starts = np.concatenate([[0], np.cumsum(self.class_sizes)])

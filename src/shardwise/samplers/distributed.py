@@ -16,7 +16,7 @@ from shardwise.checks import require_bool, require_choice, require_int, same_sav
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import mix_ints
 from shardwise.order import PERMUTATIONS, Order, make_order
-from shardwise.samplers.passes import SEED_MAX, SEED_MIN, EpochSampler, bounds
+from shardwise.samplers.passes import MAX_SIZE, SEED_MAX, SEED_MIN, EpochSampler, bounds
 from shardwise.segments import Segments
 from shardwise.split import (
     LAYOUTS,
@@ -32,7 +32,6 @@ STATE_VERSION = 1
 STATE_IDENTITY = ("size", "seed", "permutation")
 STATE_FIELDS = ("version", *STATE_IDENTITY, "epoch", "layout", "remainder", "num_replicas",
                 "consumed", "segments")
-MAX_SIZE = 2**63 - 1
 TORCH_ORDER_WARN_SIZE = 2**25
 _FINGERPRINT_POINTS = 64
 

@@ -29,6 +29,7 @@ from shardwise.checks import require_int
 
 # What torch.Generator.manual_seed takes; seed + epoch, torch's generator seed, must fit too.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_SIZE = 2**63 - 1  # sample indices (and positions in a rank's stream) are int64
 FIRST_CHUNK = 256  # the first index must come at once, even when a pass is costly to start
 CHUNK = 1 << 16
 

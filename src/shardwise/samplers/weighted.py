@@ -19,7 +19,7 @@ import torch
 from shardwise.checks import require_bool, require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import digest, mix_ints
-from shardwise.samplers.passes import SEED_MAX, SEED_MIN
+from shardwise.samplers.passes import MAX_SIZE, SEED_MAX, SEED_MIN
 from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
 
 
@@ -53,9 +53,11 @@ class WeightedDistributedSampler(RankStreamSampler):
         seed: int = 0,
     ) -> None:
         self.weights = _checked_weights(weights)
-        self.num_samples = require_int("num_samples", num_samples, minimum=0)
         self.replacement = require_bool("replacement", replacement)
         self.num_replicas, self.rank = resolve_world(num_replicas, rank)
+        # Every rank's draws are numbered in one int64 stream (and len() takes no more)
+        self.num_samples = require_int("num_samples", num_samples, minimum=0,
+                                       maximum=MAX_SIZE // self.num_replicas)
         self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
         positive = int(np.count_nonzero(self.weights))
         if not self.replacement and self.num_samples * self.num_replicas > positive:
