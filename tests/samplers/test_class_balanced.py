@@ -118,8 +118,11 @@ def test_a_state_from_another_configuration_is_refused(change, field):
 def test_bad_labels_are_named(labels, error, message):
     with pytest.raises(error, match=message):
         ClassBalancedSampler(labels, 1, 0)
+
+
+def test_a_stream_longer_than_len_can_say_is_refused():
     with pytest.raises(ValueError, match="num_samples must be at most 9223372036854775807"):
-        ClassBalancedSampler([0, 1], 1, 0, num_samples=2**63)  # (len() could not say it)
+        ClassBalancedSampler([0, 1], 1, 0, num_samples=2**63)
 
 
 def test_check_consistent_sees_its_configuration():
