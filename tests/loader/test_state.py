@@ -172,14 +172,19 @@ def uneven_loader(world: int, rank: int, state: dict | None = None) -> DataLoade
     return made
 
 
+def uneven_state_after_five_batches(world: int) -> dict:
+    """Rank 0's loader state of ``world`` ranks, 5 batches into the epoch."""
+    saving = uneven_loader(world, 0)
+    list(islice(saving, 5))
+    return saving.state_dict()
+
+
 def test_a_resumed_pass_on_more_ranks_counts_its_steps_and_ends_at_its_own_end():
     """3 ranks train 5 batches, 4 finish the epoch; a state after each of their batches resumes
     the rest of that rank's pass exactly, and len() counts the steps of the epoch across the
     resume (5 + 3: more than a 4-rank epoch's 7), as a trainer counting steps needs."""
     loader = uneven_loader
-    before = loader(3, 0)
-    list(islice(before, 5))
-    state = before.state_dict()
+    state = uneven_state_after_five_batches(3)
     for rank in range(4):
         resumed = loader(4, rank, state)
         assert (len(resumed), len(loader(4, rank))) == (5 + 3, 7)
@@ -200,9 +205,7 @@ def test_a_resumed_pass_on_fewer_ranks_says_a_fresh_epochs_length_and_ends_at_it
     than a 2-rank epoch (13), and len() is the larger, since Lightning keeps the length it
     reads after the load for every later epoch."""
     loader = uneven_loader
-    before = loader(4, 0)
-    list(islice(before, 5))
-    state = before.state_dict()
+    state = uneven_state_after_five_batches(4)
     for rank in range(2):
         resumed = loader(2, rank, state)
         assert len(resumed) == len(loader(2, rank)) == 13
