@@ -4,7 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.order import FEISTEL_MAX_SIZE, FeistelOrder, make_order
+from shardwise.mix import mix_arrays, mix_ints
+from shardwise.order import FEISTEL_MAX_SIZE, FeistelOrder, feistel_take, make_order
 
 
 @pytest.mark.parametrize("seed,epoch", [(0, 0), (1, 0), (0, 7), (-3, 2**40)])
@@ -33,6 +34,28 @@ def test_feistel_random_access_is_injective_and_in_range(size, seed, epoch, data
     # Random access agrees with evaluating one position at a time, in any process.
     assert [int(order.take(np.array([p]))[0]) for p in positions[:5]] == values[:5].tolist()
     assert np.array_equal(FeistelOrder(size, seed, epoch).take(positions), values)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    orders=st.lists(st.tuples(st.integers(1, FEISTEL_MAX_SIZE), st.integers(0, 2**64 - 1),
+                              st.integers(0, 2**40)), min_size=1, max_size=40),
+    epoch=st.integers(0, 10**6),
+)
+def test_many_small_orders_at_once_match_one_order_each(orders, epoch):
+    # (size, seed, position) per element; positions reduced into each size
+    sizes = np.array([size for size, _, _ in orders], dtype=np.uint64)
+    seeds = np.array([seed for _, seed, _ in orders], dtype=np.uint64)
+    positions = np.array([place % size for size, _, place in orders], dtype=np.int64)
+    one_each = [int(FeistelOrder(size, seed, epoch).take(np.array([place]))[0])
+                for (size, seed, _), place in zip(orders, positions.tolist())]
+    assert feistel_take(sizes, seeds, epoch, positions).tolist() == one_each
+
+
+@given(values=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3))
+def test_mixing_arrays_gives_the_keys_of_mixing_ints(values):
+    arrays = [np.array([value, value], dtype=np.int64) for value in values]
+    assert mix_arrays(*arrays).tolist() == [mix_ints(*values)] * 2 == [int(mix_arrays(*values))] * 2
 
 
 def test_feistel_exhaustive_at_bit_boundaries():

@@ -47,6 +47,20 @@ def mix_ints(*values: int) -> int:
     return key
 
 
+def mix_arrays(*values: npt.ArrayLike) -> np.ndarray:
+    """``mix_ints`` of each element of the broadcast ``values`` (ints or integer arrays), as
+    ``uint64``: the same keys, many at once.
+
+    >>> int(mix_arrays(7, np.array([3, -1]))[1]) == mix_ints(7, -1)
+    True
+    """
+    key = np.uint64(0)
+    for value in values:
+        wrapped = np.uint64(value % 2**64) if isinstance(value, int) else np.asarray(value)
+        key = mix64(key ^ wrapped.astype(np.uint64))  # (an int64's two's complement: mod 2**64)
+    return key
+
+
 def _mix64_int(x: int) -> int:
     """``mix64`` of one Python int below 2**64, in Python's ints: keys are made often, one at
     a time (a class's pool, a Feistel round), where NumPy's per-call cost is most of it."""

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from shardwise.checks import require_choice
-from shardwise.mix import mix64, mix_ints
+from shardwise.mix import mix64, mix_arrays, mix_ints
 
 PERMUTATIONS = ("torch", "feistel")
 """The shuffled orders; ``identity`` is what ``shuffle=False`` gives."""
@@ -96,37 +96,63 @@ class FeistelOrder:
         self.size = size
         bits = max(2, (size - 1).bit_length())
         bits += bits % 2
-        self._half = np.uint64(bits // 2)
-        self._mask = np.uint64((1 << (bits // 2)) - 1)
-        self._keys = [np.uint64(mix_ints(seed, epoch, round_)) for round_ in range(_ROUNDS)]
+        half = np.uint64(bits // 2)
+        keys = [np.uint64(mix_ints(seed, epoch, round_)) for round_ in range(_ROUNDS)]
+        self._network = (np.uint64(size), half, (np.uint64(1) << half) - np.uint64(1), *keys)
 
     def take(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
         out = np.empty(positions.shape, dtype=np.int64)
         flat_in, flat_out = positions.reshape(-1), out.reshape(-1)
         for begin in range(0, flat_in.size, _CHUNK):
-            flat_out[begin : begin + _CHUNK] = self._walk(flat_in[begin : begin + _CHUNK])
+            chunk = flat_in[begin : begin + _CHUNK].astype(np.uint64)
+            flat_out[begin : begin + _CHUNK] = _walk(chunk, self._network).view(np.int64)
         return out
 
-    def _walk(self, positions: np.ndarray) -> np.ndarray:
-        values = self._encrypt(positions.astype(np.uint64))
-        limit = np.uint64(self.size)
-        outside = np.flatnonzero(values >= limit)
-        while outside.size:  # expected under 4 extra rounds: 2**bits < 4 * size
-            values[outside] = self._encrypt(values[outside])
-            outside = outside[values[outside] >= limit]
-        return values.view(np.int64)
 
-    def _encrypt(self, values: np.ndarray) -> np.ndarray:
-        left, right = values >> self._half, values & self._mask
-        for key in self._keys:
-            mixed = mix64(right ^ key)
-            mixed &= self._mask
-            mixed ^= left
-            left, right = right, mixed
-        left <<= self._half
-        left |= right
-        return left
+def feistel_take(sizes: np.ndarray, seeds: np.ndarray, epoch: int,
+                 positions: np.ndarray) -> np.ndarray:
+    """``FeistelOrder(size, seed, epoch).take(position)`` for each element of the equally long
+    ``sizes``, ``seeds`` (uint64) and ``positions``: many small orders in one vectorised pass,
+    where an order object per size would cost more than its few positions.
+
+    >>> sizes, seeds = np.array([10, 3]), np.array([7, 8], dtype=np.uint64)
+    >>> feistel_take(sizes, seeds, 0, np.array([4, 2])).tolist() == [
+    ...     FeistelOrder(10, 7, 0).take(np.array([4]))[0], FeistelOrder(3, 8, 0).take(np.array([2]))[0]]
+    True
+    """
+    sizes = np.asarray(sizes).astype(np.uint64)
+    bits = np.maximum(2, np.searchsorted(_POWERS_OF_TWO, sizes - np.uint64(1), side="right"))
+    half = ((bits + bits % 2) // 2).astype(np.uint64)
+    keys = [mix_arrays(seeds, epoch, round_) for round_ in range(_ROUNDS)]
+    network = (sizes, half, (np.uint64(1) << half) - np.uint64(1), *keys)
+    return _walk(np.asarray(positions).astype(np.uint64), network).view(np.int64)
+
+
+_POWERS_OF_TWO = np.uint64(1) << np.arange(64, dtype=np.uint64)  # (bit lengths by searchsorted)
+
+
+def _walk(values: np.ndarray, network: tuple) -> np.ndarray:
+    """Encrypt ``values`` until each is below its size. ``network`` is ``(size, half, mask,
+    *round_keys)``, each a scalar or an array with one entry per value."""
+    values = _encrypt(values, *network[1:])
+    outside = np.flatnonzero(values >= network[0])
+    while outside.size:  # expected under 4 extra rounds: 2**bits < 4 * size
+        here = tuple(part[outside] if np.ndim(part) else part for part in network)
+        values[outside] = _encrypt(values[outside], *here[1:])
+        outside = outside[values[outside] >= here[0]]
+    return values
+
+
+def _encrypt(values: np.ndarray, half: np.ndarray, mask: np.ndarray,
+             *keys: np.ndarray) -> np.ndarray:
+    left, right = values >> half, values & mask
+    for key in keys:
+        mixed = mix64(right ^ key)
+        mixed &= mask
+        mixed ^= left
+        left, right = right, mixed
+    return (left << half) | right
 
 
 def make_order(size: int, seed: int, epoch: int, permutation: str | None) -> Order:

@@ -23,8 +23,8 @@ import torch
 
 from shardwise.checks import require_int
 from shardwise.distributed.world import resolve_world
-from shardwise.mix import digest, mix64, mix_ints
-from shardwise.order import FeistelOrder
+from shardwise.mix import digest, mix64, mix_arrays, mix_ints
+from shardwise.order import feistel_take
 from shardwise.samplers.passes import MAX_SIZE, SEED_MAX, SEED_MIN
 from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
 from shardwise.split import rank_count
@@ -94,14 +94,8 @@ class ClassBalancedSampler(RankStreamSampler):
         # Each round's class order once (a chunk spans few rounds when there are many classes)
         distinct, which = np.unique(rounds, return_inverse=True)
         classes = self._round_orders(epoch, distinct)[which.reshape(-1), slots]
-        out = np.empty(len(positions), dtype=np.int64)
         # The q-th round holds each class once: so its draw of a class is that class's q-th.
-        # Positions grouped by class with one sort (not one pass over them per class).
-        by_class = np.argsort(classes, kind="stable")
-        present, firsts = np.unique(classes[by_class], return_index=True)
-        for klass, chosen in zip(present.tolist(), np.split(by_class, firsts[1:])):
-            out[chosen] = self._draws(epoch, klass, rounds[chosen])
-        return out
+        return self._draws(epoch, classes, rounds)
 
     def _round_orders(self, epoch: int, rounds: np.ndarray) -> np.ndarray:
         """The class order of each round: a permutation of the classes per row."""
@@ -110,21 +104,21 @@ class ClassBalancedSampler(RankStreamSampler):
         slot_keys = mix64(round_keys[:, None] ^ np.arange(len(self.classes), dtype=np.uint64))
         return np.argsort(slot_keys, axis=1)
 
-    def _draws(self, epoch: int, klass: int, draws: np.ndarray) -> np.ndarray:
-        """The samples of a class's ``draws``-th draws on this rank (drawing past the share reshuffles it)."""
-        size = int(self.class_sizes[klass])
+    def _draws(self, epoch: int, classes: np.ndarray, draws: np.ndarray) -> np.ndarray:
+        """The sample of each class's ``draws``-th draw on this rank (drawing past the share
+        reshuffles it): all classes at once, so many classes cost no more than a few."""
         world, rank = self.num_replicas, self.rank
-        split = size >= world  # too small to split: every rank draws from all of it
-        share = rank_count(size, world, rank, "uneven") if split else size
-        cycles, places = np.divmod(draws, share)
-        for cycle in np.unique(cycles[cycles > 0]) if share > 1 else ():  # (one: nothing moves)
-            again = cycles == cycle
-            reshuffled = FeistelOrder(share, mix_ints(self.seed, klass, rank, int(cycle)), epoch)
-            places[again] = reshuffled.take(places[again])
-        pool_positions = places * world + rank if split else places
-        pool = FeistelOrder(size, mix_ints(self.seed, klass), epoch)  # the same on every rank
-        start = self._starts[klass]
-        return self._members[start + pool.take(pool_positions)]
+        sizes = self.class_sizes[classes]
+        split = sizes >= world  # too small to split: every rank draws from all of it
+        shares = np.where(split, rank_count(sizes, world, rank, "uneven"), sizes)
+        cycles, places = np.divmod(draws, shares)
+        again = np.flatnonzero((cycles > 0) & (shares > 1))  # (a share of one: nothing moves)
+        places[again] = feistel_take(shares[again], mix_arrays(
+            self.seed, classes[again], rank, cycles[again]), epoch, places[again])
+        pool_positions = np.where(split, places * world + rank, places)
+        pools = mix_arrays(self.seed, classes)  # the same on every rank
+        return self._members[self._starts[classes]
+                             + feistel_take(sizes, pools, epoch, pool_positions)]
 
     # -- checks across ranks ---------------------------------------------------------------------
 
