@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -65,3 +65,19 @@ def same_saved(saved: object, mine: object) -> bool:
         return isinstance(saved, numbers.Integral) and not isinstance(saved, (bool, np.bool_)) \
             and int(saved) == mine
     return bool(saved == mine)
+
+
+def require_saved_state(state: object, what: str, version: int) -> None:
+    """Refuse a ``state`` that is not a dict this version's ``state_dict()`` could have given.
+
+    >>> require_saved_state({"version": 1}, "ShuffleBuffer", 2)
+    Traceback (most recent call last):
+    ValueError: the state was saved by another version of shardwise (its ShuffleBuffer state version 1; this one reads 2): resume it with the version that saved it
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"a {what} state is the dict state_dict() gave, got "
+                        f"{type(state).__name__}")
+    if state.get("version") != version:
+        raise ValueError(f"the state was saved by another version of shardwise (its {what} state "
+                         f"version {state.get('version')!r}; this one reads {version}): resume "
+                         f"it with the version that saved it")

@@ -38,7 +38,7 @@ from typing import Any
 import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardwise.checks import require_int
+from shardwise.checks import require_int, require_saved_state
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import digest
 from shardwise.names import qualified_name
@@ -172,13 +172,7 @@ class ShardedIterable(IterableDataset):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a saved progress (the same world size and number of workers)."""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"a ShardedIterable state is the dict state_dict() gave, got "
-                            f"{type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"the state was saved by another version of shardwise (its stream "
-                             f"state version {state.get('version')!r}; this one reads "
-                             f"{STATE_VERSION}): resume it with the version that saved it")
+        require_saved_state(state, "ShardedIterable", STATE_VERSION)
         if state.get("world_size") != self.world_size:
             raise ValueError(f"the state was saved by {state.get('world_size')!r} ranks; this "
                              f"stream is split over {self.world_size}: resume it on as many ranks")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardwise.checks import require_int
+from shardwise.checks import require_int, require_saved_state
 from shardwise.mix import mix_ints
 from shardwise.samplers.passes import SEED_MAX, SEED_MIN
 
@@ -100,13 +100,7 @@ class ShuffleBuffer(IterableDataset):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next pass continue the saved one (one saved as its pass ended gives that
         pass's empty rest, and the epoch ``set_epoch`` chose, if it was called, stays)."""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"a ShuffleBuffer state is the dict state_dict() gave, got "
-                            f"{type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"the state was saved by another version of shardwise (its "
-                             f"ShuffleBuffer state version {state.get('version')!r}; this one "
-                             f"reads {STATE_VERSION}): resume it with the version that saved it")
+        require_saved_state(state, "ShuffleBuffer", STATE_VERSION)
         missing = [key for key in _STATE_KEYS if key not in state]
         if missing:
             raise ValueError(f"the state has no {', '.join(map(repr, missing))}: pass what "
