@@ -368,6 +368,27 @@ def test_a_file_of_only_a_byte_order_mark_is_an_empty_file(tmp_path, pattern, id
     assert records.tolist() == alone.tolist() and stats.lines == alone_stats.lines == 1
 
 
+@pytest.mark.parametrize("pattern", ["fmap", "fset", "fvec"])
+@pytest.mark.parametrize("ids", ["int", "str"])
+def test_a_byte_order_mark_inside_a_file_reads_alike_however_the_file_is_cut(tmp_path, pattern, ids):
+    """Two marked files run together (``cat a.csv b.csv``): the second mark is part of its line
+    whether a rank's share or a chunk begins there or not (pyarrow drops a mark opening a piece)."""
+    mark = b"\xef\xbb\xbf"
+    path = tmp_path / "joined.csv"
+    path.write_bytes(mark + b"1,2\n" + mark + b"3,4\n5,6\n")
+    fmt = Format(pattern, ids=ids, on_error="skip")
+    results = []
+    for world_size, block_bytes in [(1, 16 * 2**20), (2, 16 * 2**20), (1, 7), (3, 5)]:
+        records, skipped = [], 0
+        for rank in range(world_size):
+            part, stats = read_records(path, fmt, rank, world_size, block_bytes=block_bytes)
+            records += part.tolist()
+            skipped += stats.skipped
+        results.append((sorted(records), skipped))
+    assert all(result == results[0] for result in results), results
+    assert results[0][1] == (1 if ids == "int" else 0)  # an int id cannot hold the mark
+
+
 def test_doubled_carriage_returns_end_a_line_as_one_does(tmp_path):
     expected = [(1, 2, 1.0), (3, 4, 1.0)]
     path = _write(tmp_path, "1,2\r\r\n3,4\r\n")

@@ -35,7 +35,7 @@ from shardwise.checks import require_int
 from shardwise.files.arrow import from_numpy, to_numpy
 from shardwise.files.describe import describe
 from shardwise.files.ids import check_distinct, hash_together, string_ids
-from shardwise.files.read import Chunk, split_lines, without_bom
+from shardwise.files.read import BOM, Chunk, split_lines, without_bom
 from shardwise.files.records import EDGE, edges, record_columns, vector_dtype
 
 PATTERNS = ("fmap", "smap", "fsmap", "fset", "fvec")
@@ -306,8 +306,12 @@ def _fast(chunk: Chunk, fmt: Format) -> Columns | None:
 
 def _reads_alike(data: bytes, fmt: Format) -> bool:
     """Whether pyarrow reads ``data`` as the per-line rules do. It does not where a lone ``\r``
-    is in a line (pyarrow ends the line there) or where an int id may be hex (``0x10``, which
-    pyarrow takes, and wraps past 2**63). Each test is a ``memchr``: a few ms in a 32 MB chunk."""
+    is in a line (pyarrow ends the line there), where an int id may be hex (``0x10``, which
+    pyarrow takes, and wraps past 2**63), or where a piece from inside a file opens with a byte
+    order mark (pyarrow drops it; inside a file it is part of the line, wherever the pieces are
+    cut). Each test is a ``memchr``: a few ms in a 32 MB chunk."""
+    if data.startswith(BOM):
+        return False
     if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):
         return False
     return fmt.ids != "int" or not (b"x" in data or b"X" in data)

@@ -231,7 +231,7 @@ def leading_lines(paths: Paths | Plan) -> Iterator[bytes]:
                 yield from split_lines(b"".join(pending))
 
 
-_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors put first in a file
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors put first in a file
 
 
 def without_bom(chunk: Chunk) -> Chunk:
@@ -240,8 +240,8 @@ def without_bom(chunk: Chunk) -> Chunk:
     >>> without_bom(Chunk(None, 0, b"\\xef\\xbb\\xbfa\\n")).data
     b'a\\n'
     """
-    if chunk.start == 0 and chunk.data.startswith(_BOM):
-        return Chunk(chunk.source, len(_BOM), chunk.data[len(_BOM):])
+    if chunk.start == 0 and chunk.data.startswith(BOM):
+        return Chunk(chunk.source, len(BOM), chunk.data[len(BOM):])
     return chunk
 
 
