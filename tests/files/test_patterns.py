@@ -157,6 +157,15 @@ def test_fvec_lines_must_have_as_many_features_as_the_first(tmp_path: Path) -> N
     assert empty_rank.dtype["values"].shape == (2,) and len(empty_rank) == 0
 
 
+@pytest.mark.parametrize("delimiter", [" ", "\t", ","])
+def test_fvec_takes_its_width_past_lines_of_only_spaces_and_tabs(tmp_path: Path, delimiter: str) -> None:
+    """Such lines are blank everywhere else: counting the delimiters of one gave a width."""
+    path = _write(tmp_path, f"  \t\n1{delimiter}0.5\n \n2{delimiter}0.25\n")
+    records, stats = read_records(path, Format("fvec", delimiter=delimiter), 0, 1)
+    assert records["id"].tolist() == [1, 2] and records["values"].tolist() == [[0.5], [0.25]]
+    assert stats.skipped == 0
+
+
 def _ragged_vectors(folder: Path) -> tuple[Path, list[int], list[tuple]]:
     """100,000 3-feature lines with ragged ones placed where chunks, halves and ranks begin."""
     lines = [f"{i},{i / 2},{i / 4},{i / 8}" for i in range(100_000)]

@@ -180,12 +180,12 @@ def first_line_features(lines: Iterable[bytes], fmt: Format) -> int | None:
     Every ``fvec`` line must have as many, so every rank takes the same number from the start of
     the input. Lines that are not valid UTF-8 are passed over.
 
-    >>> first_line_features([b"", b"\\xff,1,2,3", b"7", b"1,0.5,0.25", b"2,0.5"], Format("fvec"))
+    >>> first_line_features([b"", b" \\t", b"\\xff,1,2,3", b"7", b"1,0.5,0.25"], Format("fvec"))
     2
     """
     for line in lines:
-        if not line:
-            continue
+        if not line.strip(b" \t"):
+            continue  # blank, or spaces and tabs only: no line at all to the parser
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
