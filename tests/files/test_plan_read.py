@@ -207,6 +207,18 @@ def test_symlinked_directories_are_walked_once_and_loops_end(tmp_path: Path) -> 
     assert read_lines(str(tmp_path / "*" / "linked" / "*.txt"), 0, 1) == ["b"]
 
 
+@pytest.mark.timeout(60)
+def test_a_recursive_glob_through_links_back_to_its_folder_ends(tmp_path: Path) -> None:
+    """Python's glob follows every path through them: 2**40 with two such links."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("a\n")
+    (tmp_path / "sub" / "b.txt").write_text("b\n")
+    for name in ("self1", "self2", "sub/up"):
+        (tmp_path / name).symlink_to(tmp_path, target_is_directory=True)
+    for pattern in ("**/*.txt", "**", "**/", "*/**/*.txt"):
+        assert read_lines(str(tmp_path / pattern), 0, 1) == ["a", "b"], pattern
+
+
 def test_a_glob_ending_in_a_slash_matches_folders_only(tmp_path: Path) -> None:
     import fsspec
 

@@ -192,7 +192,7 @@ def _glob_local(url: str, pattern: str, shown: Callable[[str], str]) -> dict[str
     names: dict[tuple[int, int], str] = {}  # each real directory, and the name it is read under
     prefix, named = _glob_prefix(pattern), _literal_parts(pattern)
     # fsspec's glob neither follows nor types symlinks: Python's glob does
-    for match in sorted(map(os.path.normpath, glob.glob(pattern, recursive=True))):
+    for match in sorted(map(os.path.normpath, _glob_once_through_links(pattern))):
         if _hidden(posixpath.relpath(match, prefix), named):
             continue
         if (size := _local_size(match, shown)) is None:  # a directory, unless walked (``**``)
@@ -204,6 +204,40 @@ def _glob_local(url: str, pattern: str, shown: Callable[[str], str]) -> dict[str
         raise FileNotFoundError(f"no input file matches the glob {url!r} (names that start "
                                 "with . or _ are skipped)")
     return found
+
+
+def _glob_once_through_links(pattern: str) -> list[str]:
+    """``glob.glob(pattern, recursive=True)``, except that a ``**`` enters each real directory
+    once: Python's glob follows every path through links back to an ancestor (two such links in
+    a folder make 2**40 paths before the system's link limit stops it)."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return glob.glob(pattern)
+    at = parts.index("**")
+    base = os.sep.join(parts[:at]) or (os.sep if pattern.startswith(os.sep) else os.curdir)
+    rest = os.sep.join(parts[at + 1 :])
+    matches = []
+    for top in glob.glob(base) if _is_glob(base) else [base]:
+        for folder in _folders_under(top) if os.path.isdir(top) else ():
+            matches += _glob_once_through_links(os.path.join(glob.escape(folder), rest)) \
+                if rest else [folder]
+    return matches
+
+
+def _folders_under(top: str) -> list[str]:
+    """``top`` and the folders under it, through links, each real one once (hidden ones left
+    out, as a glob's ``**`` leaves them)."""
+    folders, seen = [top], {_inode(top)}
+    for folder, subfolders, _ in os.walk(top, followlinks=True):
+        kept = []
+        for name in sorted(subfolders):
+            inode = _inode(os.path.join(folder, name))
+            if not name.startswith(".") and inode not in seen:
+                seen.add(inode)
+                kept.append(name)
+        subfolders[:] = kept
+        folders += [os.path.join(folder, name) for name in kept]
+    return folders
 
 
 def _expand_remote(url: str, fs: AbstractFileSystem, path: str,
