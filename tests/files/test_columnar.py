@@ -191,3 +191,15 @@ def test_a_parquet_files_nested_field_may_be_named_by_its_path(tmp_path):
     assert empty.num_rows == 0 and empty.schema.names == ["st"]
     with pytest.raises(ValueError, match=r"n.parquet has no column 'st.z': its columns are id, st"):
         read_table(tmp_path, 0, 1, columns=["st.z"])
+
+
+def test_one_column_name_alone_is_refused_not_read_as_its_letters(tmp_path):
+    from shardwise.streams.files import row_group_shards
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": [1], "b": [2], "ab": [3]}), path)
+    for read in (lambda: read_table(path, 0, 1, columns="ab"),
+                 lambda: row_group_shards(path, columns="ab")):
+        with pytest.raises(TypeError, match="columns must be a sequence of column names, got 'ab'"):
+            read()
+    assert read_table(path, 0, 1, columns=["ab"]).column_names == ["ab"]

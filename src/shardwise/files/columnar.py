@@ -179,6 +179,20 @@ class TablePlan:
         return buffer.getvalue()
 
 
+def column_names(columns: Sequence[str] | None) -> tuple[str, ...] | None:
+    """``columns`` as a tuple of names (None: every column); a lone name is refused, not read
+    as its letters.
+
+    >>> column_names(["src", "dst"]), column_names(None)
+    (('src', 'dst'), None)
+    """
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(f"columns must be a sequence of column names, got {columns!r}")
+    return tuple(columns)
+
+
 def table_plan(paths: Paths, world_size: int, *,
                storage_options: StorageOptions | None = None) -> TablePlan:
     """Plan how ``world_size`` ranks split the row groups of columnar ``paths``.
@@ -215,6 +229,7 @@ def read_table(
     >>> [read_table(folder, r, 3, columns=["x"])["x"].to_pylist() for r in range(3)]
     [[0, 1], [2, 3], [4, 5]]
     """
+    columns = column_names(columns)
     world_size, rank = resolve_world(world_size, rank)
     if isinstance(paths, TablePlan):
         plan = paths.resized(world_size)

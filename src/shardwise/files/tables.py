@@ -31,6 +31,7 @@ from shardwise.files.arrow_types import is_text
 from shardwise.files.columnar import (
     TablePlan,
     Unit,
+    column_names,
     file_schema,
     read_stretches,
     read_unit,
@@ -52,9 +53,7 @@ def check_columns(columns: Sequence[str], fmt: Format) -> tuple[str, ...]:
     ...
     ValueError: columns for edges are (src, dst) or (src, dst, weight), got ['src']: name 2 or 3 columns
     """
-    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-        raise TypeError(f"columns must be a sequence of column names, got {columns!r}")
-    columns = tuple(columns)
+    columns = column_names(columns)
     if fmt.parser is not None:
         raise ValueError("parser= reads text lines; columnar inputs have typed columns: drop it")
     if fmt.pattern == "fvec":

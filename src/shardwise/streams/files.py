@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardwise.files.columnar import Unit, read_unit, table_plan
+from shardwise.files.columnar import Unit, column_names, read_unit, table_plan
 from shardwise.files.plan import Plan
 from shardwise.files.read import chunk_lines, iter_chunks
 from shardwise.files.sources import Paths, Source, StorageOptions, expand
@@ -83,6 +83,6 @@ def row_group_shards(paths: Paths, columns: Sequence[str] | None = None,
     >>> [[row["x"] for row in shard] for shard in row_group_shards(folder)]
     [[0, 1], [2, 3], [4]]
     """
-    chosen = tuple(columns) if columns is not None else None
+    chosen = column_names(columns)
     return [RowGroupShard(unit, chosen)
             for unit in table_plan(paths, 1, storage_options=storage_options).units]
