@@ -192,6 +192,73 @@ def test_agreeing_ranks_over_torchs_sampler_are_not_refused():
                                                                    "rank 1 agreed"]
 
 
+def _epoch_set_after_iter(kind: str) -> str:
+    """Rank 1 sets another epoch between iter() and the first next() (no workers: the order is
+    read there, and a trainer may set the epoch there, as Lightning does)."""
+    sampler = (DistributedSampler(Rows(), seed=0) if kind == "shardwise"
+               else TorchDistributedSampler(Rows(), seed=0))
+    batches = iter(DataLoader(Rows(), batch_size=4, sampler=sampler, verify=True))
+    sampler.set_epoch(dist.get_rank())
+    try:
+        return str(sum(len(batch["index"]) for batch in batches))
+    except InconsistentRanksError as error:
+        return str(error)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["shardwise", "torch"])
+def test_an_epoch_set_after_iter_is_the_one_the_ranks_compare(kind):
+    for message in spawn_local(_epoch_set_after_iter, 2, kind, timeout=100):
+        assert "rank 1 has epoch=1 where rank 0 has epoch=0" in message
+
+
+class SlowFirstOnRankZero(Rows):
+    """Rank 0's first batch comes late: out of order, its next ones are delivered before it."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __getitem__(self, index: int) -> dict:
+        if index == 0 and self.rank == 0:
+            time.sleep(1.5)
+        return super().__getitem__(index)
+
+
+def _resumed_from(steps: list[int], kind: str, in_order: bool) -> str:
+    """Each rank resumes its own state, saved after ``steps[rank]`` batches."""
+    def make() -> DataLoader:
+        rows = SlowFirstOnRankZero(dist.get_rank())
+        sampler = (DistributedSampler(rows, shuffle=False) if kind == "shardwise"
+                   else TorchDistributedSampler(rows, shuffle=False))
+        return DataLoader(rows, batch_size=2, sampler=sampler, verify=True, num_workers=2,
+                          in_order=in_order)
+
+    loader = make()
+    batches = iter(loader)
+    for _ in range(steps[dist.get_rank()]):
+        next(batches)
+    state = loader.state_dict()
+    del batches
+    resumed = make()
+    resumed.load_state_dict(state)
+    try:
+        return f"{steps[dist.get_rank()] + sum(1 for _ in resumed)} batches"
+    except InconsistentRanksError as error:
+        return str(error)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["shardwise", "torch"])
+@pytest.mark.parametrize("in_order", [True, False])
+def test_ranks_resumed_from_other_steps_are_stopped(kind, in_order):
+    for message in spawn_local(_resumed_from, 2, [2, 5], kind, in_order, timeout=100):
+        assert "differ" in message and ("fingerprint" in message if kind == "shardwise" and in_order
+                                        else "resumed_after_batches=5" in message), message
+    # Resumed at one step, out of order too (rank 0's sampler then stands before its first
+    # batch, rank 1's after its third): every rank's epoch whole, 23 indices in batches of 2
+    assert spawn_local(_resumed_from, 2, [3, 3], kind, in_order, timeout=100) == ["12 batches"] * 2
+
+
 def _one_rank_alone(sampler_for_one: bool) -> list[int]:
     sampler = (DistributedSampler(Rows(), num_replicas=1, rank=0, shuffle=False)
                if sampler_for_one else TorchDistributedSampler(Rows(), shuffle=False))

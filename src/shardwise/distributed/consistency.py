@@ -169,7 +169,8 @@ def check_consistent(
     if parts:
         raise InconsistentRanksError(
             ". ".join(parts) + ". Build the sampler and loader from the same arguments on every "
-            "rank and call set_epoch(epoch) on all of them."
+            "rank, call set_epoch(epoch) on all of them, and resume them all from states saved "
+            "at the same step."
         )
 
 

@@ -58,8 +58,8 @@ class DataLoader(TorchDataLoader[T_co]):
     - ``device="cuda"`` copies the next batch on a side stream while you train on this one.
     - ``stats`` (throughput, time spent waiting for data), ``progress=True`` (a progress bar),
       and, with a process group up, a check at each epoch that every rank's shardwise sampler
-      and batch size agree (one collective as each pass begins, so every rank iterates the
-      loader). ``verify=True`` checks torch's ``DistributedSampler`` too (split over the whole
+      and batch size agree (one collective as each pass reads its order, so every rank
+      iterates the loader). ``verify=True`` checks torch's ``DistributedSampler`` too (split over the whole
       group), which by default is left alone as torch leaves it (a loop on one rank stays
       possible); ``False`` skips it.
     - ``distributed=True`` builds a :class:`shardwise.DistributedSampler` from ``shuffle``,
@@ -304,15 +304,26 @@ class DataLoader(TorchDataLoader[T_co]):
         resume, self._resume = self._resume, None
         return None if resume is None else resume.applied(self)
 
-    def _check_ranks(self) -> None:
-        if self.verify is not False and _group_size() > 1:
-            sampler = _checked_sampler(self, torch_samplers=self.verify is True)
-            if sampler is None and self.verify is True:  # every rank joins, or the others wait
-                sampler = _Unsplit(self.sampler)
-            if sampler is not None:
-                check_consistent(sampler, batching={
-                    "batch_size": getattr(self.batch_sampler, "batch_size", self.batch_size),
-                    "drop_last": getattr(self.batch_sampler, "drop_last", self.drop_last)})
+    def _check_ranks(self, resume: Resume | None) -> None:
+        """Compare this rank's sampler and batching with every other rank's (one collective),
+        for a pass that takes ``resume``."""
+        if self.verify is False or _group_size() == 1:
+            return
+        sampler = _checked_sampler(self, torch_samplers=self.verify is True)
+        if sampler is None and self.verify is True:  # every rank joins, or the others wait
+            sampler = _Unsplit(self.sampler)
+        if sampler is None:
+            return
+        batching = {"batch_size": getattr(self.batch_sampler, "batch_size", self.batch_size),
+                    "drop_last": getattr(self.batch_sampler, "drop_last", self.drop_last)}
+        placed = callable(getattr(sampler, "fingerprint", None))  # (its place is in it)
+        if not placed or not self.in_order:
+            # The batches delivered before the pass: out of order, each rank's sampler stands
+            # at its own place (before its first undelivered batch), so that place is left out.
+            batching["resumed_after_batches"] = 0 if resume is None else (
+                resume.resumed_batches + len(resume.ahead))
+            sampler = _Unplaced(sampler) if placed else sampler
+        check_consistent(sampler, batching=batching)
 
     def _on_pass_start(self, current: LoaderIterator) -> None:
         self._clock, self._record, self._loaded = current.clock, current.record, None
@@ -366,6 +377,16 @@ class _ReadStream:
 
     def fingerprint(self) -> int:
         return self.stream.fingerprint()
+
+
+class _Unplaced:
+    """A sampler compared by its configuration only."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler, self.rank = sampler, sampler.rank
+
+    def config(self) -> dict[str, Any]:
+        return self.sampler.config()
 
 
 class _Unsplit:

@@ -98,7 +98,10 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._taken: Resume | None = None  # the loaded state this pass resumes
         self._init_failed = False  # a worker_init_fn failed (reported, not a death)
         self._source: Iterator[tuple[Any, int]] | None = None
-        loader._check_ranks()  # before any worker starts: ranks that disagree stop here
+        # Ranks that disagree stop where the pass's order is read, before any worker starts: at
+        # iter() for workers, at the first next() in this process (torch's loader reads the
+        # sampler there, and a trainer may set the epoch between, as Lightning does).
+        self._unchecked = True
         # A resumed pass begins at the first next() where a trainer's epoch decides the
         # sampler's order: resuming a checkpoint, Lightning sets it after iter() (torch's loader
         # with no workers reads the order at the first next() too). For a state saved at an
@@ -110,7 +113,14 @@ class LoaderIterator(_BaseDataLoaderIter):
         waits = resume is not None and (resume.unseen_end_of or ordered_later)
         self._undecided = resume if waits else None
         if self._undecided is None:
+            if self._num_workers:
+                self._check_ranks(None if resume is None else resume.applied(loader))
             self._start()
+
+    def _check_ranks(self, resume: Resume | None) -> None:
+        """Compare this pass with the other ranks' (one collective), as it takes ``resume``."""
+        self._unchecked = False
+        self._loader._check_ranks(resume)
 
     def _start(self) -> None:
         try:
@@ -126,6 +136,7 @@ class LoaderIterator(_BaseDataLoaderIter):
         (a trainer set it after ``iter()``, as Lightning does)."""
         resume, self._undecided = self._undecided, None
         loader = self._loader
+        self._check_ranks(resume.applied(loader) if loader._resume is resume else None)
         if loader._resume is resume:  # (not taken by a pass made since)
             loader._resume = replace(resume, unseen_end_of=None)
             if resume.rest_is_empty(loader):
@@ -351,6 +362,8 @@ class LoaderIterator(_BaseDataLoaderIter):
     def __next__(self) -> Any:
         if self.waiting:
             self._decide()
+        elif self._unchecked and not self._closed:
+            self._check_ranks(self._taken)
         if self._closed:
             if self._stopped_by is not None:  # not an end: the rest of the pass is lost
                 raise RuntimeError(f"this pass ended at an earlier error ({self._stopped_by}), its "
