@@ -229,6 +229,18 @@ def test_ids_the_text_loader_refuses_are_bad_rows_and_other_encodings_are_read(t
     assert from_text.row_ids.tolist()[0] in graph.row_ids.tolist()  # 'a' hashes alike
 
 
+def test_integer_weights_and_values_past_2_to_the_53_round_as_from_text(tmp_path) -> None:
+    big = 2**53 + 1  # no float64 holds it: pyarrow's safe cast refused it
+    (tmp_path / "e.txt").write_text(f"1,2,{big}\n")
+    pq.write_table(pa.table({"s": [1], "t": [2], "w": pa.array([big], pa.int64())}),
+                   tmp_path / "e.parquet")
+    text, _ = read_records(tmp_path / "e.txt", Format("fmap"), 0, 1)
+    table, _ = read_records(tmp_path / "e.parquet", Format("fmap"), 0, 1, columns=("s", "t", "w"))
+    assert table["weight"].tolist() == text["weight"].tolist() == [float(big)]
+    vectors, _ = read_records(tmp_path / "e.parquet", Format("fvec"), 0, 1, columns=("s", "w"))
+    assert vectors["values"].tolist() == [[float(big)]]
+
+
 @pytest.mark.skipif(not hasattr(pa, "string_view"), reason="views came in pyarrow 16")
 @pytest.mark.parametrize("kind", ["string_view", "binary_view", "fixed_size_binary"])
 def test_text_ids_in_view_and_fixed_size_columns_load_as_from_text(tmp_path, kind) -> None:

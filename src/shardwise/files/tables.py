@@ -281,7 +281,8 @@ def _filled(column: pa.ChunkedArray, kind: pa.DataType, fill: float) -> np.ndarr
     buffers, as pyarrow's own ``to_numpy`` imports pandas."""
     if column.null_count:
         column = pc.fill_null(column, pa.scalar(fill).cast(column.type))
-    return to_numpy(column.cast(kind))
+    # To floats, an integer past 2**53 rounds as its text parses (pyarrow's safe cast refuses it)
+    return to_numpy(column.cast(kind, safe=not pa.types.is_floating(kind)))
 
 
 def _is_list(kind: pa.DataType) -> bool:
