@@ -229,6 +229,14 @@ def test_ids_the_text_loader_refuses_are_bad_rows_and_other_encodings_are_read(t
     assert from_text.row_ids.tolist()[0] in graph.row_ids.tolist()  # 'a' hashes alike
 
 
+def test_a_nested_parquet_field_is_named_by_its_path(tmp_path) -> None:
+    pq.write_table(pa.table({"st": [{"x": 1, "in": {"w": 0.5}}, {"x": 3, "in": {"w": 2.0}}],
+                             "dst": [5, 6]}), tmp_path / "e.parquet")
+    records, _ = read_records(tmp_path / "e.parquet", Format("fmap"), 0, 1,
+                              columns=("st.x", "dst", "st.in.w"))
+    assert records.tolist() == [(1, 5, 0.5), (3, 6, 2.0)]
+
+
 def test_integer_weights_and_values_past_2_to_the_53_round_as_from_text(tmp_path) -> None:
     big = 2**53 + 1  # no float64 holds it: pyarrow's safe cast refused it
     (tmp_path / "e.txt").write_text(f"1,2,{big}\n")

@@ -127,6 +127,9 @@ def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: 
     """
     if table.num_rows == 0:  # whatever its columns' types (a table of empty lists has nulls)
         return Parsed((np.empty(0, np.int64),), 0, 0, ())
+    while any(pa.types.is_struct(kind) for kind in table.schema.types) and not set(
+            columns) <= set(table.column_names):
+        table = table.flatten()  # a nested field's path ("st.x") names a flattened column
     table = _dictionaries_decoded(table, columns)
     bad_rows = np.zeros(table.num_rows, dtype=bool)
     for column in columns:
