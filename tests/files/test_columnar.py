@@ -203,3 +203,15 @@ def test_one_column_name_alone_is_refused_not_read_as_its_letters(tmp_path):
         with pytest.raises(TypeError, match="columns must be a sequence of column names, got 'ab'"):
             read()
     assert read_table(path, 0, 1, columns=["ab"]).column_names == ["ab"]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_files_of_other_schemas_are_refused_on_every_rank(tmp_path, world_size):
+    """A rank reads only some files; the plan holds every footer, so every rank refuses."""
+    pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "a.parquet")
+    feather.write_feather(pa.table({"name": ["x"]}), tmp_path / "b.arrow")
+    for rank in range(world_size):
+        with pytest.raises(ValueError, match=r"b.arrow has columns \['name'\].*unlike .*a.parquet"):
+            read_table(tmp_path, rank, world_size)
+        with pytest.raises(ValueError, match=r"a.parquet has no column 'name'"):
+            read_table(tmp_path, rank, world_size, columns=["name"])

@@ -80,12 +80,15 @@ class TablePlan:
     sources: tuple[Source, ...]
     units: tuple[Unit, ...]
     world_size: int
+    schemas: tuple[pa.Schema, ...] = ()  # each source's, from the footer read for its units
 
     @classmethod
     def of(cls, sources: Sequence[Source], world_size: int) -> TablePlan:
         """The plan of files already listed: reads each one's footer for its row groups."""
         world_size = require_int("world_size", world_size, minimum=1)
-        return cls(tuple(sources), tuple(u for s in sources for u in _units(s)), world_size)
+        found = [_units(source) for source in sources]
+        return cls(tuple(sources), tuple(unit for units, _ in found for unit in units),
+                   world_size, tuple(schema for _, schema in found))
 
     def resized(self, world_size: int) -> TablePlan:
         """The same units dealt to ``world_size`` ranks (no footer is read again)."""
@@ -236,6 +239,7 @@ def read_table(
     else:
         plan = table_plan(paths, world_size, storage_options=storage_options)
     say_if_split_by_rows(plan, rank)
+    _check_one_schema(plan, columns)
     pieces = list(read_stretches(plan.share(rank), columns))
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
         return file_schema(plan.sources[0], columns).empty_table()
@@ -267,7 +271,7 @@ def say_if_split_by_rows(plan: TablePlan, rank: int) -> None:
             stacklevel=3)
 
 
-def _units(source: Source) -> list[Unit]:
+def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
     kind = columnar_format(source.name)
     if kind is None:
         raise ValueError(f"{source.name} is not a Parquet or Arrow IPC file (by its name); "
@@ -276,14 +280,35 @@ def _units(source: Source) -> list[Unit]:
     with source.open(buffer_bytes=_METADATA_READ_BYTES) as handle:
         if kind == "parquet":
             with _named(source):
-                meta = pq.ParquetFile(handle).metadata
+                parquet = pq.ParquetFile(handle)
+            meta = parquet.metadata
             return [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
-                    for i in range(meta.num_row_groups)]
+                    for i in range(meta.num_row_groups)], parquet.schema_arrow
         batches = record_batches(handle, source.size, source.name)  # no batch body is read
-        if not batches:  # rare, and what a damaged footer can look like: pyarrow verifies it
-            with _named(source):
-                ipc.open_file(handle)
-        return [Unit(source, i, rows, stored) for i, (rows, stored) in enumerate(batches)]
+        with _named(source):  # (pyarrow verifies the footer: an empty list may be a damaged one)
+            schema = ipc.open_file(handle).schema
+        return [Unit(source, i, rows, stored) for i, (rows, stored) in enumerate(batches)], schema
+
+
+def _check_one_schema(plan: TablePlan, columns: Sequence[str] | None) -> None:
+    """Refuse inputs whose columns (those named) differ in names or types, on every rank alike:
+    a rank reads some of the files, but the plan holds every file's footer. Types that differ
+    only in the layout of text or lists are alike (see ``widest``)."""
+    def shape(schema: pa.Schema) -> list[tuple[str, pa.DataType | None]]:
+        names = schema.names if columns is None else [c for c in columns if "." not in c]
+        return [(name, widest(schema.field(name).type) if name in schema.names else None)
+                for name in names]  # (a nested field's path is checked as it is read)
+
+    if not plan.sources:
+        return
+    if columns is not None:  # (told alike on every rank, not only where the file is read)
+        _check_has(plan.sources[0], plan.schemas[0], [c for c in columns if "." not in c])
+    first = plan.sources[0].name
+    for source, schema in zip(plan.sources, plan.schemas):
+        if shape(schema) != shape(plan.schemas[0]):
+            raise ValueError(f"{source.name} has columns {schema.names} of types {schema.types}, "
+                             f"unlike {first} ({plan.schemas[0].names}, "
+                             f"{plan.schemas[0].types}); give files of one schema")
 
 
 def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Schema:
