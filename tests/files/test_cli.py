@@ -157,6 +157,23 @@ def test_raw_lines_fail_together_on_ranks_started_apart_or_skip_the_bad_line(tmp
         port = str(free_port())
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_that_cannot_save_its_part_is_named_on_every_rank(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("1,2\n3,4\n5,6\n7,8\n")
+    (tmp_path / "out" / "rank-00001-of-00002.npz").mkdir(parents=True)  # rank 1's name, taken
+    port = str(free_port())
+    runs = [subprocess.Popen(
+        [sys.executable, "-m", "shardwise", "load", str(tmp_path / "a.txt"), "--save",
+         str(tmp_path / "out")],
+        env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    outputs = [run.communicate() for run in runs]
+    assert [run.returncode for run in runs] == [2, 2], outputs
+    for _, err in outputs:  # (not a lost connection on rank 0)
+        assert "rank 1: [Errno 21] Is a directory" in err and "rank-00001-of-00002.npz" in err, err
+
+
 def _rank_processes(parent: int) -> list[int]:
     """The spawned ranks among ``parent``'s children (not multiprocessing's resource tracker)."""
     ranks = []

@@ -124,10 +124,14 @@ def _load_rank(options: dict) -> list[LoadStats]:
         task = bar.add_task(f"rank 0 of {world_size} reading", total=None)
         progress = lambda done, total: bar.update(task, completed=done, total=total)
         stats, arrays = _load(options, progress)
-    if options["save"] is not None:
-        options["save"].mkdir(parents=True, exist_ok=True)
-        np.savez(options["save"] / f"rank-{rank:05d}-of-{world_size:05d}.npz", **arrays)
+    if options["save"] is not None:  # (a rank that cannot save says so on every rank)
+        together(lambda: _save(options["save"], f"rank-{rank:05d}-of-{world_size:05d}.npz", arrays))
     return gather_objects(stats)
+
+
+def _save(folder: Path, name: str, arrays: dict[str, np.ndarray]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / name, **arrays)
 
 
 def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
