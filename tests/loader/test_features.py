@@ -259,6 +259,26 @@ def test_ranks_resumed_from_other_steps_are_stopped(kind, in_order):
     assert spawn_local(_resumed_from, 2, [3, 3], kind, in_order, timeout=100) == ["12 batches"] * 2
 
 
+def _late_rank(patience: float) -> list[str]:
+    from shardwise.loader import dataloader
+
+    dataloader.CHECK_PATIENCE_SECONDS = patience
+    if dist.get_rank() == 1:
+        time.sleep(4 * patience)  # (as a rank that skipped the check would never come)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        next(iter(DataLoader(Rows(), batch_size=4, sampler=DistributedSampler(Rows()))))
+    return [str(warning.message) for warning in said]
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_long_in_the_check_says_what_may_keep_the_others():
+    waited, on_time = spawn_local(_late_rank, 2, 1.0, timeout=100)
+    assert on_time == [] and len(waited) == 1, waited
+    assert waited[0].startswith("rank 0 has waited 1 s for the other ranks") and \
+        "verify=False" in waited[0]
+
+
 def _one_rank_alone(sampler_for_one: bool) -> list[int]:
     sampler = (DistributedSampler(Rows(), num_replicas=1, rank=0, shuffle=False)
                if sampler_for_one else TorchDistributedSampler(Rows(), shuffle=False))

@@ -4,6 +4,7 @@ moves batches through shared memory instead of pickling them."""
 from __future__ import annotations
 
 import operator
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -323,7 +324,15 @@ class DataLoader(TorchDataLoader[T_co]):
             batching["resumed_after_batches"] = 0 if resume is None else (
                 resume.resumed_batches + len(resume.ahead))
             sampler = _Unplaced(sampler) if placed else sampler
-        check_consistent(sampler, batching=batching)
+        # A rank that skips the check leaves the others waiting in it (until the process group's
+        # timeout): a rank that has waited long says what to look for.
+        waiting = threading.Timer(CHECK_PATIENCE_SECONDS, _say_the_check_waits, (sampler.rank,))
+        waiting.daemon = True
+        waiting.start()
+        try:
+            check_consistent(sampler, batching=batching)
+        finally:
+            waiting.cancel()
 
     def _on_pass_start(self, current: LoaderIterator) -> None:
         self._clock, self._record, self._loaded = current.clock, current.record, None
@@ -343,6 +352,21 @@ class DataLoader(TorchDataLoader[T_co]):
         if self._bar is not None:
             self._bar.close(self.stats)
             self._bar = None
+
+
+CHECK_PATIENCE_SECONDS = 60.0
+"""How long a rank waits in the check across ranks before it warns that another may skip it."""
+
+
+def _say_the_check_waits(rank: int) -> None:
+    warnings.warn(
+        f"rank {rank} has waited {CHECK_PATIENCE_SECONDS:.0f} s for the other ranks in the "
+        "loader's check that all samplers agree, made as each pass reads its order: a rank that "
+        "does not iterate this loader, or whose loader skips the check (verify=False, a sampler "
+        "for num_replicas=1, torch's DistributedSampler without verify=True, no distributed "
+        "sampler), leaves the others waiting here. Build the loader alike on every rank and "
+        "iterate it on all of them, or pass verify=False where only some ranks iterate it",
+        RuntimeWarning, stacklevel=1)
 
 
 def _checked_sampler(loader: DataLoader, torch_samplers: bool) -> Any | None:
