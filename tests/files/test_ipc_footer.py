@@ -65,3 +65,16 @@ def test_a_stream_or_a_short_file_is_named():
         record_batches(sink, sink.tell(), "s.arrow")
     with pytest.raises(ValueError, match="e.arrow is too short"):
         record_batches(io.BytesIO(b"ARROW1"), 6, "e.arrow")
+
+
+def test_a_feather_version_1_file_is_named_as_one():
+    import warnings
+
+    from pyarrow import feather
+
+    sink = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (pyarrow 25 deprecates writing it)
+        feather.write_feather(pa.table({"x": [1, 2]}), sink, version=1)
+    with pytest.raises(ValueError, match="v1.feather is a Feather version 1 file.*version 2"):
+        record_batches(sink, sink.tell(), "v1.feather")

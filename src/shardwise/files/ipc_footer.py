@@ -39,6 +39,10 @@ def record_batches(handle: BinaryIO, size: int, name: str) -> list[tuple[int, in
     handle.seek(size - len(_MAGIC) - 4)
     tail = handle.read(len(_MAGIC) + 4)
     footer_size = struct.unpack_from("<i", tail)[0]
+    if tail.endswith(b"FEA1"):
+        raise ValueError(f"{name} is a Feather version 1 file, which has no row groups to split: "
+                         "write it again as Feather version 2 (pyarrow.feather.write_feather's "
+                         "default, an Arrow IPC file)")
     if tail[4:] != _MAGIC or not 0 < footer_size <= size - len(_MAGIC) - 4:
         raise ValueError(f"{name} does not end as an Arrow IPC file does (written with "
                          "pyarrow.ipc.new_file or feather?): an IPC stream has no footer")
