@@ -355,6 +355,14 @@ def test_a_file_that_shrank_after_planning_is_an_error_and_appended_bytes_are_no
     path.write_text("1\n")
     with pytest.raises(OSError, match=r"a.txt has 2 bytes but had 6 when the load was planned"):
         list(iter_chunks(the_plan, 1, 2))
+    # A planned last line with no end, which the bytes added go on with, is not read cut short
+    path.write_text("1,2\n3,4")
+    the_plan = plan(path, 2)
+    with open(path, "a") as f:
+        f.write("5\n")
+    assert read_lines(the_plan, 0, 2) == ["1,2"]
+    with pytest.raises(OSError, match=r"a.txt grew from 7 bytes.*to 9.*go on with its last line"):
+        read_lines(the_plan, 1, 2)
 
 
 def test_a_wildcard_at_an_object_stores_root_matches_its_top_folders() -> None:

@@ -122,8 +122,13 @@ def iter_chunks(
 def _chunks(pieces: list[Piece], block_bytes: int) -> Iterator[Chunk]:
     for piece in pieces:
         source, size = piece.source, piece.source.size
-        _check_not_shrunk(source)
+        now = _check_not_shrunk(source)
         with _ranges(source) as read:
+            if now > size and piece.stop == size and size and read(size - 1, size) != b"\n":
+                raise OSError(
+                    f"{source.name} grew from {size:,} bytes, when the load was planned, to "
+                    f"{now:,}, and the bytes added go on with its last line, which would be "
+                    "loaded cut short: load it again once it is complete")
             # Each chunk's end is found just before it is read: a remote file's first chunk is
             # then not kept waiting for a request per cut.
             lo = _line_start(read, piece.start, size)
@@ -308,14 +313,16 @@ def _line_start(read: ReadRange, cut: int, size: int) -> int:
     return size
 
 
-def _check_not_shrunk(source: Source) -> None:
-    """A file must still hold the bytes planned for it, or the ranks' shares no longer tile it."""
+def _check_not_shrunk(source: Source) -> int:
+    """A file must still hold the bytes planned for it, or the ranks' shares no longer tile it:
+    its size now."""
     now = current_size(source) if source.remote else source.fs.size(source.path)
     if now < source.size:
         raise OSError(
             f"{source.name} has {now:,} bytes but had {source.size:,} when the load was planned: it "
             "shrank (was it rewritten during the load?); load it again once it is complete"
         )
+    return now
 
 
 def _read_exactly(read: ReadRange, start: int, stop: int, source: Source) -> bytes:
