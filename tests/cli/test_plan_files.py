@@ -34,6 +34,18 @@ def test_text_files_are_split_by_bytes_across_files(tmp_path: Path, capsys) -> N
     assert "2 files, 160 bytes, 4 ranks" in table and f"{tmp_path / 'b.csv'}@40" in table
 
 
+def test_a_table_of_many_ranks_shows_the_first_and_last_as_a_samplers_does(tmp_path: Path,
+                                                                           capsys) -> None:
+    (tmp_path / "a.csv").write_text("1,2\n" * 30)
+    pq.write_table(pa.table({"id": range(100)}), tmp_path / "t.parquet", row_group_size=5)
+    for path in (tmp_path / "a.csv", tmp_path / "t.parquet"):
+        assert main(["plan", str(path), "--world-size", "20", "--max-ranks", "4"]) == 0
+        table = capsys.readouterr().out
+        assert "ranks 2 to 17 not shown (16 ranks; see --max-ranks)" in table, table
+        assert "│   19 │" in table and "│    2 │" not in table, table
+        assert len(plan_json(capsys, str(path), "--world-size", "20")["ranks"]) == 20
+
+
 def test_parquet_files_are_split_by_row_groups(tmp_path: Path, capsys) -> None:
     pq.write_table(pa.table({"id": range(100)}), tmp_path / "t.parquet", row_group_size=25)
     plan = plan_json(capsys, str(tmp_path / "t.parquet"), "--world-size", "2")

@@ -27,6 +27,7 @@ from rich.text import Text
 
 from shardwise.cli import plan_files
 from shardwise.cli.picture import render_html, render_svg
+from shardwise.cli.shown import head_count, not_shown, shown_ranks
 from shardwise.cli.storage import add_storage_option
 from shardwise.order import PERMUTATIONS
 from shardwise.samplers import DistributedSampler
@@ -152,7 +153,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def plan_epochs(args: argparse.Namespace) -> list[EpochPlan]:
     """The shown ranks' shown batches for each epoch, and counts for everything else."""
-    shown = _shown_ranks(args.world_size, args.max_ranks)
+    shown = shown_ranks(args.world_size, args.max_ranks)
     samplers = [
         DistributedSampler(
             args.size, args.world_size, rank, shuffle=not args.no_shuffle, seed=args.seed,
@@ -176,19 +177,6 @@ def plan_epochs(args: argparse.Namespace) -> list[EpochPlan]:
             lengths=sorted({total // args.world_size, -(-total // args.world_size)}),
         ))
     return epochs
-
-
-def _shown_ranks(world_size: int, most: int) -> list[int]:
-    """All ranks, or the first ``most - most // 2`` and the last ``most // 2`` (padding's)."""
-    if world_size <= most:
-        return list(range(world_size))
-    head = _head_count(range(most))
-    return [*range(head), *range(world_size - (most - head), world_size)]
-
-
-def _head_count(shown) -> int:
-    """How many of the ranks shown are the first ranks, when not all are shown."""
-    return len(shown) - len(shown) // 2
 
 
 def _batch_columns(samplers: list[DistributedSampler], batch_size: int, most: int) -> list[int]:
@@ -243,9 +231,7 @@ def _print_tables(args: argparse.Namespace, epochs: list[EpochPlan], console: Co
     for plan in epochs:
         console.print(_fitted_table(plan, console))
         if plan.ranks_not_shown:
-            first = _head_count(plan.ranks)
-            console.print(f"  ranks {first} to {first + plan.ranks_not_shown - 1} not shown "
-                          f"({plan.ranks_not_shown:,} ranks; see --max-ranks)")
+            console.print(not_shown(plan.ranks, plan.ranks_not_shown))
         console.print(f"  repeated: {_listing(plan.repeated, plan.repeated_count)}   "
                       f"dropped: {_listing(plan.dropped, plan.dropped_count)}")
     last = epochs[-1]
@@ -279,7 +265,7 @@ def _table(plan: EpochPlan, columns: list[int]) -> Table:
         table.add_column(f"batch {b}", overflow="fold")
         slots.append(b)
     table.add_column("samples", justify="right", overflow="fold")
-    split = _head_count(plan.ranks) if plan.ranks_not_shown else None
+    split = head_count(plan.ranks) if plan.ranks_not_shown else None
     for i, rank in enumerate(plan.ranks):
         if i == split:
             table.add_row("...", *[""] * (len(slots) + 1))

@@ -16,14 +16,16 @@ from typing import Any
 
 from rich.console import Console
 
+from shardwise.cli.shown import not_shown, shown_ranks
 from shardwise.cli.storage import storage_options
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan, input_plan
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.world_size < 1:
-        raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
+    for flag, value in (("--world-size", args.world_size), ("--max-ranks", args.max_ranks)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
     if args.format not in ("table", "json"):
         raise ValueError(f"--format {args.format} pictures a sampler's batches; a plan of files "
                          "is shown as a table or as JSON")
@@ -31,9 +33,15 @@ def run(args: argparse.Namespace) -> int:
                           storage_options=storage_options(args.storage_options))
     if args.format == "json":
         print(json.dumps(as_json(the_plan)))
-    else:
-        # Never wraps a path; draws ASCII boxes where the output takes nothing else.
-        Console(width=10_000, color_system=None, highlight=False).print(the_plan)
+        return 0
+    # Never wraps a path; draws ASCII boxes where the output takes nothing else.
+    console = Console(width=10_000, color_system=None, highlight=False)
+    shown = shown_ranks(args.world_size, args.max_ranks)
+    if isinstance(the_plan, TablePlan):
+        console.print(the_plan.describe())
+    console.print(the_plan.table(shown))
+    if len(shown) < args.world_size:
+        console.print(not_shown(shown, args.world_size - len(shown)))
     return 0
 
 

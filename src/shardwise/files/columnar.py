@@ -162,12 +162,13 @@ class TablePlan:
         return (f"{len(self.units)} row groups, {self.total_rows:,} rows, {self.world_size} ranks: "
                 f"{how}")
 
-    def table(self) -> Table:
-        """One row per rank: its row groups (or row ranges), rows and compressed bytes read."""
+    def table(self, ranks: Iterable[int] | None = None) -> Table:
+        """One row per rank (of ``ranks``, all by default): its row groups (or row ranges), rows
+        and compressed bytes read."""
         table = Table()
         for column in ("rank", "row groups", "rows", "bytes"):
             table.add_column(column, justify="right")
-        for rank in range(self.world_size):
+        for rank in range(self.world_size) if ranks is None else ranks:
             share = self.share(rank)
             table.add_row(str(rank), str(len(share)), f"{sum(e - s for _, s, e in share):,}",
                           f"{sum(u.bytes for u, _, _ in share):,}")

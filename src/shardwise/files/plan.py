@@ -9,6 +9,7 @@ line is read by exactly one rank, and no rank needs to talk to another to know i
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -77,13 +78,14 @@ class Plan:
                 pieces.append(Piece(index, self.sources[index], lo, hi))
         return pieces
 
-    def table(self) -> Table:
-        """The plan as a rich table: one row per rank with its bytes and the files it starts in."""
+    def table(self, ranks: Iterable[int] | None = None) -> Table:
+        """The plan as a rich table: one row per rank (of ``ranks``, all by default) with its bytes
+        and the files it starts in."""
         files = f"{len(self.sources)} file{'s' if len(self.sources) != 1 else ''}"
         table = Table(title=f"{files}, {self.total_bytes:,} bytes, {self.world_size} ranks")
         for column in ("rank", "bytes", "from", "to"):
             table.add_column(column, justify="right" if column in ("rank", "bytes") else "left")
-        for rank in range(self.world_size):
+        for rank in range(self.world_size) if ranks is None else ranks:
             pieces = self.pieces(rank)
             start, stop = self.bounds(rank)
             # Text: a file name is shown as it is, never read as markup ("[bold]a.txt")
