@@ -215,3 +215,13 @@ def test_files_of_other_schemas_are_refused_on_every_rank(tmp_path, world_size):
             read_table(tmp_path, rank, world_size)
         with pytest.raises(ValueError, match=r"a.parquet has no column 'name'"):
             read_table(tmp_path, rank, world_size, columns=["name"])
+
+
+def test_an_empty_part_of_other_types_adds_nothing(tmp_path):
+    """pandas writes an empty frame's text column as nulls."""
+    pq.write_table(pa.table({"id": [1, 2], "s": ["a", "b"]}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"id": pa.array([], pa.int32()), "s": pa.array([], pa.null())}),
+                   tmp_path / "part-1.parquet")
+    tables = [read_table(tmp_path, rank, 2) for rank in range(2)]
+    assert [t.num_rows for t in tables] == [2, 0]
+    assert tables[1].schema.types == [pa.int64(), pa.string()]  # the first file's columns

@@ -266,6 +266,17 @@ def test_a_glob_reads_a_directory_reached_by_two_names_once(tmp_path: Path) -> N
             str(data / "a" / "x.txt")], pattern
 
 
+def test_a_recursive_glob_names_a_folder_reached_by_two_names_as_pythons_glob_does(
+        tmp_path: Path) -> None:
+    """By the first name in sorted order, a link's even where the folder is nearer the top."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "9.txt").write_text("9\n")
+    (tmp_path / "d" / "ext").symlink_to(tmp_path / "e", target_is_directory=True)
+    assert [s.name for s in plan(str(tmp_path / "**" / "*.txt"), 1).sources] == [
+        str(tmp_path / "d" / "ext" / "9.txt")]
+
+
 def test_a_glob_skips_files_in_hidden_folders_unless_it_names_them(tmp_path: Path) -> None:
     (tmp_path / "_tmp").mkdir()
     (tmp_path / "_tmp" / "part-1.txt").write_text("unfinished\n")

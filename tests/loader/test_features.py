@@ -176,9 +176,10 @@ def _torch_sampler_on_every_rank(case: str) -> str:
     ("epoch", "rank 1 has epoch=0 where rank 0 has epoch=1"),
     ("subgroup", "ranks 0, 1 have num_replicas=1 but the process group has 2 ranks"),
     ("unsplit", "rank 1 has sampler='SequentialSampler' where rank 0 has sampler=<missing>"),
-    ("batch_size", ("loaders batch differently across ranks, so they take different numbers of "
-                   "steps (a collective in one step would wait for a rank that has stopped): "
-                   "rank 1 has batch_size=8 where rank 0 has batch_size=4")),
+    ("batch_size", ("loaders batch differently across ranks, or resume states saved at other "
+                   "steps, so they take different numbers of steps (a collective in one step "
+                   "would wait for a rank that has stopped): rank 1 has batch_size=8 where rank "
+                   "0 has batch_size=4")),
 ])
 def test_ranks_that_differ_over_torchs_distributed_sampler_are_stopped(case, expected):
     for message in spawn_local(_torch_sampler_on_every_rank, 2, case, timeout=100):
@@ -257,6 +258,35 @@ def test_ranks_resumed_from_other_steps_are_stopped(kind, in_order):
     # Resumed at one step, out of order too (rank 0's sampler then stands before its first
     # batch, rank 1's after its third): every rank's epoch whole, 23 indices in batches of 2
     assert spawn_local(_resumed_from, 2, [3, 3], kind, in_order, timeout=100) == ["12 batches"] * 2
+
+
+def _rank_zero_state_everywhere() -> tuple[int, list[str]]:
+    """Every rank loads rank 0's state, saved out of order (one checkpoint for all, as Lightning
+    keeps): the other ranks are warned, and not refused."""
+    def make() -> DataLoader:
+        rows = SlowFirstOnRankZero(dist.get_rank())
+        return DataLoader(rows, batch_size=2, sampler=DistributedSampler(rows, shuffle=False),
+                          num_workers=2, in_order=False)
+
+    loader = make()
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = [loader.state_dict()]
+    del batches
+    dist.broadcast_object_list(state, src=0)
+    resumed = make()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        resumed.load_state_dict(state[0])
+    return sum(1 for _ in resumed), [str(warning.message)[:46] for warning in said]
+
+
+@pytest.mark.timeout(120)
+def test_one_out_of_order_state_loaded_by_every_rank_is_not_refused():
+    (rank_zero, quiet), (_, warned) = spawn_local(_rank_zero_state_everywhere, 2, timeout=100)
+    assert rank_zero == 12 - 3 and quiet == []
+    assert warned == ["the state was saved with in_order=False by rank"]
 
 
 def _late_rank(patience: float) -> list[str]:

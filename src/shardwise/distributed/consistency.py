@@ -163,9 +163,9 @@ def check_consistent(
         parts.append("samplers differ across ranks, so their shares would overlap or leave gaps: "
                      + "; ".join(problems))
     if steps:
-        parts.append("loaders batch differently across ranks, so they take different numbers "
-                     "of steps (a collective in one step would wait for a rank that has "
-                     "stopped): " + "; ".join(steps))
+        parts.append("loaders batch differently across ranks, or resume states saved at other "
+                     "steps, so they take different numbers of steps (a collective in one step "
+                     "would wait for a rank that has stopped): " + "; ".join(steps))
     if parts:
         raise InconsistentRanksError(
             ". ".join(parts) + ". Build the sampler and loader from the same arguments on every "

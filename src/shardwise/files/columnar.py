@@ -241,12 +241,15 @@ def read_table(
         plan = table_plan(paths, world_size, storage_options=storage_options)
     say_if_split_by_rows(plan, rank)
     _check_one_schema(plan, columns)
-    pieces = list(read_stretches(plan.share(rank), columns))
+    # (an empty piece adds nothing, whatever its types: pandas writes an empty frame's text as
+    # nulls)
+    shared = [stretch for stretch in plan.share(rank) if stretch[2] > stretch[1]]
+    pieces = list(read_stretches(shared, columns))
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
         return file_schema(plan.sources[0], columns).empty_table()
     schema = pieces[0].schema
     types = [widest(kind) for kind in schema.types]
-    for (unit, _, _), piece in zip(plan.share(rank), pieces):
+    for (unit, _, _), piece in zip(shared, pieces):
         # Names and types: files that differ only in which columns may hold nulls concatenate,
         # and those that differ only in the layout of text or lists (pyarrow's and polars'
         # parts in one folder) are cast to the widest layout.
@@ -282,9 +285,10 @@ def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
         if kind == "parquet":
             with _named(source):
                 parquet = pq.ParquetFile(handle)
+                schema = parquet.schema_arrow
             meta = parquet.metadata
             return [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
-                    for i in range(meta.num_row_groups)], parquet.schema_arrow
+                    for i in range(meta.num_row_groups)], schema
         batches = record_batches(handle, source.size, source.name)  # no batch body is read
         with _named(source):  # (pyarrow verifies the footer: an empty list may be a damaged one)
             schema = ipc.open_file(handle).schema
@@ -294,22 +298,27 @@ def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
 def _check_one_schema(plan: TablePlan, columns: Sequence[str] | None) -> None:
     """Refuse inputs whose columns (those named) differ in names or types, on every rank alike:
     a rank reads some of the files, but the plan holds every file's footer. Types that differ
-    only in the layout of text or lists are alike (see ``widest``)."""
+    only in the layout of text or lists are alike (see ``widest``); a file with no rows adds
+    nothing, whatever its types (pandas writes an empty frame's text as nulls)."""
     def shape(schema: pa.Schema) -> list[tuple[str, pa.DataType | None]]:
         names = schema.names if columns is None else [c for c in columns if "." not in c]
         return [(name, widest(schema.field(name).type) if name in schema.names else None)
                 for name in names]  # (a nested field's path is checked as it is read)
 
-    if not plan.sources:
+    rows: dict[Source, int] = {}
+    for unit in plan.units:
+        rows[unit.source] = rows.get(unit.source, 0) + unit.rows
+    held = [(source, schema) for source, schema in zip(plan.sources, plan.schemas)
+            if rows.get(source)]  # (a plan made without schemas holds none: checked as read)
+    if not held:
         return
-    if columns is not None:  # (told alike on every rank, not only where the file is read)
-        _check_has(plan.sources[0], plan.schemas[0], [c for c in columns if "." not in c])
-    first = plan.sources[0].name
-    for source, schema in zip(plan.sources, plan.schemas):
-        if shape(schema) != shape(plan.schemas[0]):
+    (first, expected), top_level = held[0], [c for c in columns or () if "." not in c]
+    _check_has(first, expected, top_level)  # (told alike on every rank, not only where read)
+    for source, schema in held:
+        if shape(schema) != shape(expected):
             raise ValueError(f"{source.name} has columns {schema.names} of types {schema.types}, "
-                             f"unlike {first} ({plan.schemas[0].names}, "
-                             f"{plan.schemas[0].types}); give files of one schema")
+                             f"unlike {first.name} ({expected.names}, {expected.types}); give "
+                             "files of one schema")
 
 
 def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Schema:

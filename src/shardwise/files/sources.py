@@ -207,9 +207,9 @@ def _glob_local(url: str, pattern: str, shown: Callable[[str], str]) -> dict[str
 
 
 def _glob_once_through_links(pattern: str) -> list[str]:
-    """``glob.glob(pattern, recursive=True)``, except that a ``**`` enters each real directory
-    once: Python's glob follows every path through links back to an ancestor (two such links in
-    a folder make 2**40 paths before the system's link limit stops it)."""
+    """``glob.glob(pattern, recursive=True)``, except that a ``**`` never enters a folder it is
+    already inside: Python's glob follows every path through links back to an ancestor (two
+    such links in a folder make 2**40 paths before the system's link limit stops it)."""
     parts = pattern.split(os.sep)
     if "**" not in parts:
         return glob.glob(pattern)
@@ -225,15 +225,16 @@ def _glob_once_through_links(pattern: str) -> list[str]:
 
 
 def _folders_under(top: str) -> list[str]:
-    """``top`` and the folders under it, through links, each real one once (hidden ones left
-    out, as a glob's ``**`` leaves them)."""
-    folders, seen = [top], {_inode(top)}
+    """``top`` and the folders under it, through links, as Python's glob reads them (hidden
+    ones left out, as a ``**`` leaves them), except into a folder they are already inside."""
+    folders, inside = [top], {top: {_inode(top)}}  # each folder's own and its ancestors' inodes
     for folder, subfolders, _ in os.walk(top, followlinks=True):
         kept = []
         for name in sorted(subfolders):
-            inode = _inode(os.path.join(folder, name))
-            if not name.startswith(".") and inode not in seen:
-                seen.add(inode)
+            path = os.path.join(folder, name)
+            inode = _inode(path)
+            if not name.startswith(".") and inode not in inside[folder]:  # (a loop, else)
+                inside[path] = inside[folder] | {inode}
                 kept.append(name)
         subfolders[:] = kept
         folders += [os.path.join(folder, name) for name in kept]

@@ -321,8 +321,7 @@ class DataLoader(TorchDataLoader[T_co]):
         if not placed or not self.in_order:
             # The batches delivered before the pass: out of order, each rank's sampler stands
             # at its own place (before its first undelivered batch), so that place is left out.
-            batching["resumed_after_batches"] = 0 if resume is None else (
-                resume.resumed_batches + len(resume.ahead))
+            batching["resumed_after_batches"] = 0 if resume is None else resume.saved_batches
             sampler = _Unplaced(sampler) if placed else sampler
         # A rank that skips the check leaves the others waiting in it (until the process group's
         # timeout): a rank that has waited long says what to look for.

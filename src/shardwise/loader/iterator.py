@@ -99,8 +99,9 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._init_failed = False  # a worker_init_fn failed (reported, not a death)
         self._source: Iterator[tuple[Any, int]] | None = None
         # Ranks that disagree stop where the pass's order is read, before any worker starts: at
-        # iter() for workers, at the first next() in this process (torch's loader reads the
-        # sampler there, and a trainer may set the epoch between, as Lightning does).
+        # iter() for workers (or a pinning thread), at the first next() in this process (torch's
+        # loader reads the sampler there, and a trainer may set the epoch between, as Lightning
+        # does), and where a resumed pass that waits for it begins.
         self._unchecked = True
         # A resumed pass begins at the first next() where a trainer's epoch decides the
         # sampler's order: resuming a checkpoint, Lightning sets it after iter() (torch's loader
@@ -113,14 +114,14 @@ class LoaderIterator(_BaseDataLoaderIter):
         waits = resume is not None and (resume.unseen_end_of or ordered_later)
         self._undecided = resume if waits else None
         if self._undecided is None:
-            if self._num_workers:
+            if self._num_workers or loader._pinning:
                 self._check_ranks(None if resume is None else resume.applied(loader))
             self._start()
 
     def _check_ranks(self, resume: Resume | None) -> None:
         """Compare this pass with the other ranks' (one collective), as it takes ``resume``."""
-        self._unchecked = False
         self._loader._check_ranks(resume)
+        self._unchecked = False  # (refused, it is compared again if asked again)
 
     def _start(self) -> None:
         try:
@@ -134,9 +135,9 @@ class LoaderIterator(_BaseDataLoaderIter):
         unseen end resumes as the sampler's epoch now says: the empty rest of the saved epoch
         (the pass ends here, and the next begins the epoch after it), or the next epoch whole
         (a trainer set it after ``iter()``, as Lightning does)."""
-        resume, self._undecided = self._undecided, None
-        loader = self._loader
+        resume, loader = self._undecided, self._loader
         self._check_ranks(resume.applied(loader) if loader._resume is resume else None)
+        self._undecided = None
         if loader._resume is resume:  # (not taken by a pass made since)
             loader._resume = replace(resume, unseen_end_of=None)
             if resume.rest_is_empty(loader):

@@ -449,6 +449,9 @@ class Resume:
     # stream's first iterator after it is put back goes on with (an empty rest). torchdata's
     # loader makes that iterator and drops it; so does a resumed pass here.
     dataset_after_pass: bool = False
+    # The batches the saved pass had delivered (the same on every rank that saved at one step,
+    # or that loads one rank's state), as ranks compare them; 0 once an epoch begins anew.
+    saved_batches: int = 0
 
     def applied(self, loader: Any) -> Resume:
         """This resume as it stands now: once the sampler stands in another epoch (``set_epoch``
@@ -459,7 +462,8 @@ class Resume:
         if self.sampler_placement is None or sampler_placement(loader) == self.sampler_placement:
             return self
         persistent = loader.persistent_workers
-        return replace(self, resumed_batches=0, ahead={}, begun=set(), next_worker=0, ended=[],
+        return replace(self, resumed_batches=0, saved_batches=0, ahead={}, begun=set(),
+                       next_worker=0, ended=[],
                        base_seed=self.base_seed if persistent else None,
                        worker_states=(list(self.worker_states) if persistent
                                       else [None] * len(self.worker_states)))
@@ -533,7 +537,8 @@ def read_state(loader: Any, state: Any) -> Resume | None:
               "ahead": {int(place): int(count) for place, count in state.get("ahead", [])},
               "begun": {int(w) for w in begun}, "iterable": route == "iterable",
               "streams": streams if bound else None,
-              "dataset_after_pass": bool(state.get("dataset_after_pass"))}
+              "dataset_after_pass": bool(state.get("dataset_after_pass")),
+              "saved_batches": batches}
     before = batches - len(common["ahead"])  # the batches before the ones passed over
     if route == "sampler":
         sampler.load_state_dict(state["sampler"])  # the sampler places the pass itself
