@@ -46,6 +46,15 @@ def test_a_table_of_many_ranks_shows_the_first_and_last_as_a_samplers_does(tmp_p
         assert len(plan_json(capsys, str(path), "--world-size", "20")["ranks"]) == 20
 
 
+def test_a_samplers_options_with_files_are_refused_by_name(tmp_path: Path, capsys) -> None:
+    (tmp_path / "a.csv").write_text("1,2\n")
+    with pytest.raises(SystemExit) as exit_code:
+        main(["plan", str(tmp_path), "--size", "10", "--no-shuffle"])
+    assert exit_code.value.code == 2
+    assert "--size, --no-shuffle shape a sampler's plan, not a plan of the files given as PATH" \
+        in capsys.readouterr().err
+
+
 def test_parquet_files_are_split_by_row_groups(tmp_path: Path, capsys) -> None:
     pq.write_table(pa.table({"id": range(100)}), tmp_path / "t.parquet", row_group_size=25)
     plan = plan_json(capsys, str(tmp_path / "t.parquet"), "--world-size", "2")

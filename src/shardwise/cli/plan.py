@@ -71,6 +71,12 @@ class EpochPlan:
     lengths: list[int]  # the ranks' sample counts, which differ by at most one
 
 
+# The options that shape a sampler's plan, and their defaults: a plan of files refuses them.
+SAMPLER_ONLY = {"size": 7, "batch_size": 2, "epochs": 2, "no_shuffle": False, "seed": 0,
+                "remainder": "pad", "layout": "strided", "permutation": "torch",
+                "max_batches": None}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "plan", help="show which samples each rank gets per batch and epoch",
@@ -78,30 +84,31 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("paths", nargs="*", metavar="PATH",
                         help="files, directories, globs or fsspec URLs: plan how the ranks split "
-                             "them (only --world-size, --format table|json and --storage-option "
-                             "apply)")
-    parser.add_argument("--size", type=int, default=7, help="number of samples (default 7)")
+                             "them (only --world-size, --format table|json, --max-ranks and "
+                             "--storage-option apply)")
+    parser.add_argument("--size", type=int, default=SAMPLER_ONLY["size"], help="number of samples (default 7)")
     parser.add_argument("--world-size", type=int, default=3, help="number of ranks (default 3)")
-    parser.add_argument("--batch-size", type=int, default=2, help="per-rank batch (default 2)")
-    parser.add_argument("--epochs", type=int, default=2,
+    parser.add_argument("--batch-size", type=int, default=SAMPLER_ONLY["batch_size"], help="per-rank batch (default 2)")
+    parser.add_argument("--epochs", type=int, default=SAMPLER_ONLY["epochs"],
                         help=f"epochs to show, at most {MAX_EPOCHS:,} (default 2)")
     parser.add_argument("--no-shuffle", action="store_true", help="keep dataset order")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=int, default=SAMPLER_ONLY["seed"],
                         help="shuffle seed, the same on every rank (default 0)")
-    parser.add_argument("--remainder", choices=REMAINDERS, default="pad",
+    parser.add_argument("--remainder", choices=REMAINDERS, default=SAMPLER_ONLY["remainder"],
                         help="when the ranks cannot share the samples evenly: pad by repeating "
                              "samples (torch's default), drop the tail, or leave the ranks uneven "
                              "(default: pad)")
-    parser.add_argument("--layout", choices=LAYOUTS, default="strided",
+    parser.add_argument("--layout", choices=LAYOUTS, default=SAMPLER_ONLY["layout"],
                         help="strided: rank r takes r, r+W, ...; block: one contiguous run per "
                              "rank (default: strided)")
-    parser.add_argument("--permutation", choices=PERMUTATIONS, default="torch",
+    parser.add_argument("--permutation", choices=PERMUTATIONS,
+                        default=SAMPLER_ONLY["permutation"],
                         help="torch: torch's exact order, 8 bytes a sample; feistel: O(1) memory, "
                              "for any size (default: torch)")
     parser.add_argument("--format", choices=("table", "json", "svg", "html"), default="table",
                         help="a table per epoch, JSON, or a picture: an SVG image or an HTML page "
                              "holding it (default: table)")
-    parser.add_argument("--max-batches", type=int, default=None,
+    parser.add_argument("--max-batches", type=int, default=SAMPLER_ONLY["max_batches"],
                         help="batches shown per rank, the last one always among them "
                              "(default 12, 6 in a picture; fewer where the terminal is narrow)")
     parser.add_argument("--max-ranks", type=int, default=8,
@@ -112,6 +119,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     if args.paths:
+        given = [f"--{dest.replace('_', '-')}" for dest, default in SAMPLER_ONLY.items()
+                 if getattr(args, dest) != default]
+        if given:
+            raise ValueError(f"{', '.join(given)} shape a sampler's plan, not a plan of the files "
+                             "given as PATH (which takes --world-size, --format table|json, "
+                             "--max-ranks and --storage-option): drop them, or the paths")
         return plan_files.run(args)
     if args.storage_options:
         raise ValueError("--storage-option is for the files given as PATH: name some")
