@@ -70,6 +70,8 @@ def test_raw_lines_of_a_columnar_file_are_refused_by_name(tmp_path: Path,
      "--kind matrix says what to build from edges; --pattern linesplit reads raw text lines"),
     (["--pattern", "linesplit", "--columns", "src,dst"],
      "--columns reads Parquet or Arrow IPC columns into records; --pattern linesplit reads raw"),
+    (["--columns", "src,dst", "--delimiter", ";"],
+     "--delimiter ';' splits text lines; --columns reads Parquet or Arrow IPC columns"),
 ])
 def test_an_option_the_pattern_has_no_use_for_is_refused_by_name(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], says: str) -> None:

@@ -103,6 +103,9 @@ def _check_applicable(args: argparse.Namespace) -> None:
     if args.pattern == "linesplit" and args.columns is not None:
         raise ValueError("--columns reads Parquet or Arrow IPC columns into records; "
                          "--pattern linesplit reads raw text lines: drop one of them")
+    if args.columns is not None and args.delimiter != ",":
+        raise ValueError(f"--delimiter {args.delimiter!r} splits text lines; --columns reads "
+                         "Parquet or Arrow IPC columns, which have none: drop one of them")
     if args.pattern in ("linesplit", "fvec") and args.kind is not None:
         builds = "reads raw text lines" if args.pattern == "linesplit" else "builds vectors"
         raise ValueError(f"--kind {args.kind} says what to build from edges; --pattern "
