@@ -109,6 +109,29 @@ def test_a_thread_worker_that_raises_system_exit_raises_it_here_as_no_workers_wo
         list(TorchLoader(Exits(), batch_size=2))
 
 
+class Endless(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(10**6))
+
+
+def _slow_first(items: list[int]) -> torch.Tensor:
+    if items[0] == 0:
+        time.sleep(0.5)  # batch 0 collates slowly; the next ones are quick
+    return torch.tensor(items)
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_pass_dropped_while_threads_wait_for_their_turn_leaves_no_thread(clean):
+    """A thread stopped before the task it was given leaves the later tasks' turns unserved:
+    their threads are let go, not left waiting for them."""
+    for _ in range(3):
+        loader = DataLoader(Endless(), batch_size=2, num_workers=2, worker_type="thread",
+                            collate_fn=_slow_first)
+        batches = iter(loader)
+        time.sleep(0.2)  # thread 1 did task 1 and waits for task 3's turn; task 2 is queued
+        del batches, loader
+
+
 class FailingStream(torch.utils.data.IterableDataset):
     def __iter__(self):
         yield from range(3)

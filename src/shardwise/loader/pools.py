@@ -349,8 +349,9 @@ class ThreadPool:
         """A new pass: a stream's new iterator (``self.iterator``), or a map dataset's fetcher;
         ``self.fetch(task_id, index)`` gives a batch and the dataset's states after it."""
         self.iterator: Any = None
+        self._stream: SharedStream | None = None
         if self.spec.kind == _DatasetKind.Iterable:
-            stream = SharedStream(self.spec, stream_states or {})
+            stream = self._stream = SharedStream(self.spec, stream_states or {})
             self.fetch: Callable[[int, Any], tuple[Any, Any]] = stream.fetch
             self.iterator = stream.iterator
             return
@@ -401,6 +402,8 @@ class ThreadPool:
         self._stopping.set()
         for tasks in self.tasks:
             tasks.put(None)
+        if self._stream is not None:  # (a thread stopped before its task leaves later ones waiting)
+            self._stream.abandon()
         deadline = time.monotonic() + grace
         for thread in self.threads:
             if thread is not threading.current_thread():
@@ -463,12 +466,21 @@ class SharedStream:
         self.keeps_states = keeps_states(spec.dataset, self.iterator)
         self.ended = bool(states.get("ended"))
         self.turn = 0
+        self.abandoned = False
         self.changed = threading.Condition()
+
+    def abandon(self) -> None:
+        """End the waits for turns: threads stopped before they took theirs leave them unserved."""
+        with self.changed:
+            self.abandoned = True
+            self.changed.notify_all()
 
     def fetch(self, task_id: int, index: Any) -> tuple[Any, Any]:
         """Task ``task_id``'s batch, and the stream's states right after it was taken."""
         with self.changed:
-            self.changed.wait_for(lambda: self.turn == task_id)
+            self.changed.wait_for(lambda: self.turn == task_id or self.abandoned)
+            if self.abandoned:
+                raise StopIteration
             try:
                 items = self._take(index)
             except StopIteration:
