@@ -365,6 +365,44 @@ def test_ctrl_c_and_interpreter_exit_leave_no_workers(tmp_path, how):
     assert not any(_alive(pid) for pid in pids)
 
 
+INTERRUPTED_CLOSE = textwrap.dedent("""
+    import gc, os, signal, threading, time, torch
+    from shardwise import DataLoader
+
+    class SlowMegabytes(torch.utils.data.Dataset):
+        def __len__(self): return 1000
+        def __getitem__(self, i):
+            time.sleep(0.05)
+            return torch.ones(1 << 20, dtype=torch.uint8)  # 16 MiB batches: the slots grow
+
+    def slot_files():
+        return sum(1 for fd in os.listdir("/proc/self/fd")
+                   if "shardwise" in os.path.realpath(f"/proc/self/fd/{fd}"))
+
+    loader = DataLoader(SlowMegabytes(), batch_size=16, num_workers=2)
+    iterator = iter(loader)
+    next(iterator), next(iterator)  # the workers are busy with the next batches
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        iterator.close()  # waits for the busy workers, and is interrupted
+        time.sleep(5)  # (were the close over before the Ctrl-C, it lands here)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    del iterator, loader
+    gc.collect()
+    print(slot_files(), flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_while_workers_are_stopped_leaves_no_shared_memory_open(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(INTERRUPTED_CLOSE)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=50)
+    assert run.stdout.split() == ["interrupted", "0"], run.stdout + run.stderr
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

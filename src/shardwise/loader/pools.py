@@ -288,18 +288,21 @@ class ProcessPool:
             except OSError:
                 pass  # already gone
         deadline = time.monotonic() + grace
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in self.conns:
-            conn.close()
-        for slots in self.slots:
-            for slot in slots:
-                if slot is not None:
-                    slot.close()
-        self.conns, self.procs, self.slots = [], [], []
+        try:
+            for proc in self.procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        finally:  # (a Ctrl-C in the grace period: nothing is left open all the same)
+            for proc in self.procs:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+            for conn in self.conns:
+                conn.close()
+            for slots in self.slots:
+                for slot in slots:
+                    if slot is not None:
+                        slot.close()
+            self.conns, self.procs, self.slots = [], [], []
 
     def _death_notice(self, worker: int) -> str:
         proc = self.procs[worker]
