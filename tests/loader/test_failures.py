@@ -427,6 +427,44 @@ def test_a_worker_whose_main_process_is_killed_exits(tmp_path):
     assert not any(_alive(pid) for pid in pids)
 
 
+ORPHANED = textwrap.dedent("""
+    import os, signal, time, torch
+    from shardwise import DataLoader
+
+    class Named(torch.utils.data.Dataset):  # batches of text: they travel in the pipe itself
+        def __len__(self): return 10_000
+        def __getitem__(self, i):
+            time.sleep(float(os.environ["SECONDS_A_SAMPLE"]))
+            return f"{i:08d}-" + "x" * 7400
+
+    iterator = iter(DataLoader(Named(), batch_size=8, num_workers=2, prefetch_factor=8))
+    next(iterator)
+    print(" ".join(str(p.pid) for p in iterator._pool.procs), flush=True)
+    time.sleep(0.5)  # (the workers fill their pipes, or load on)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seconds_a_sample", [0.0, 0.5])
+def test_workers_busy_when_their_main_process_is_killed_exit(tmp_path, seconds_a_sample):
+    """Writing into a full pipe, or loading the batches queued to it, a worker goes as its main
+    process does: no process forked from the main one holds the main process's pipe ends."""
+    script = tmp_path / "run.py"
+    script.write_text(ORPHANED)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=50, env={**os.environ, "SECONDS_A_SAMPLE": str(seconds_a_sample)})
+    pids = [int(p) for p in run.stdout.split()]
+    assert run.returncode == -signal.SIGKILL and len(pids) == 2, run.stderr
+    deadline = time.monotonic() + 10  # at most a batch in hand, or a second when idle
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in pids if _alive(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert alive == []
+
+
 def test_persistent_workers_start_afresh_after_a_failed_pass(clean):
     loader = DataLoader(Failing(), batch_size=4, num_workers=2, persistent_workers=True)
     with pytest.raises(ValueError, match="sample 7 is corrupt"):

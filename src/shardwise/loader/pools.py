@@ -72,6 +72,22 @@ class TimedOut(RuntimeError):
     pass_goes_on = True
 
 
+
+# The main process's ends of its workers' pipes. A process forked from it closes them: a worker
+# holding its own (or another's) would never see the pipe close when the main process dies, and
+# would go on loading, or wait forever to write a batch nobody reads.
+_MAIN_ENDS: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+def _close_main_ends() -> None:
+    for conn in list(_MAIN_ENDS):
+        conn.close()
+    _MAIN_ENDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_main_ends)
+
+
 class WorkersLate(RuntimeError):
     """Persistent workers did not begin a new pass within the loader's ``timeout``: still busy
     with the last pass's work, they go on and begin it, and the next ``iter()`` waits again."""
@@ -160,6 +176,7 @@ class ProcessPool:
         with _COLLECTION.off() as collecting:
             for worker in range(spec.num_workers):
                 ours, theirs = context.Pipe(duplex=True)
+                _MAIN_ENDS.add(ours)
                 proc = context.Process(target=process_worker,
                                        args=(theirs, spec, worker, base_seed, shared_seed,
                                              states[worker], new_passes[worker], collecting),
