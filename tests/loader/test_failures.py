@@ -465,6 +465,50 @@ def test_workers_busy_when_their_main_process_is_killed_exit(tmp_path, seconds_a
     assert alive == []
 
 
+class Megabytes(Dataset):
+    def __init__(self, megabytes: int) -> None:
+        self.megabytes = megabytes
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.ones(self.megabytes << 18)  # float32: 4 bytes each
+
+
+def _slot_bytes(pid: int) -> int:
+    """The bytes of shardwise's slots that process ``pid`` holds open or mapped."""
+    held = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if "shardwise" in os.readlink(path):
+                held[os.stat(path).st_ino] = os.stat(path).st_size
+        except OSError:
+            continue  # closed meanwhile
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if "shardwise" in line:
+            low, high = (int(bound, 16) for bound in line.split()[0].split("-"))
+            held.setdefault(int(line.split()[4]), high - low)
+    return sum(held.values())
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_holds_no_other_loaders_shared_memory(clean):
+    """Forked while another loader's slots are open here, it closes them: held, they would stay
+    in memory for as long as it lives."""
+    first = DataLoader(Megabytes(16), batch_size=2, num_workers=2, persistent_workers=True)
+    list(first)  # its slots grow to some 32 MiB each
+    second = DataLoader(Megabytes(1), batch_size=2, num_workers=1, persistent_workers=True)
+    batches = iter(second)
+    next(batches)
+    worker = batches._pool.procs[0].pid
+    del first
+    gc.collect()
+    assert _slot_bytes(worker) <= 4 * 2**20 * 4  # its own few small slots at most
+    del batches, second
+
+
 def test_persistent_workers_start_afresh_after_a_failed_pass(clean):
     loader = DataLoader(Failing(), batch_size=4, num_workers=2, persistent_workers=True)
     with pytest.raises(ValueError, match="sample 7 is corrupt"):

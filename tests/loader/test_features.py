@@ -279,7 +279,7 @@ def _rank_zero_state_everywhere() -> tuple[int, list[str]]:
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         resumed.load_state_dict(state[0])
-    return sum(1 for _ in resumed), [str(warning.message)[:46] for warning in said]
+    return sum(1 for _ in resumed), [str(warning.message)[:47] for warning in said]
 
 
 @pytest.mark.timeout(120)

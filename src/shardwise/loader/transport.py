@@ -19,6 +19,7 @@ import mmap
 import os
 import pickle
 import tempfile
+import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -56,6 +57,7 @@ class SharedSlot:
         self.buffer = mmap.mmap(fd, size)
         self._base = torch.frombuffer(self.buffer, dtype=torch.uint8, count=size)
         self._address = self._base.data_ptr()
+        _OPEN_SLOTS.add(self)
 
     @property
     def full(self) -> bool:
@@ -94,6 +96,24 @@ class SharedSlot:
         del self._base
         self.buffer.close()
         os.close(self.fd)
+
+
+# Every slot open in this process. A process forked from it closes them: they are not its own,
+# and held there they would keep their shared memory as long as it lives (another loader's
+# persistent workers, say). Batches never point into a slot: they are copied out of it.
+_OPEN_SLOTS: weakref.WeakSet[SharedSlot] = weakref.WeakSet()
+
+
+def _close_inherited_slots() -> None:
+    for slot in list(_OPEN_SLOTS):
+        try:
+            slot.close()
+        except (BufferError, OSError):  # (a view of it alive at the fork: it stays)
+            pass
+    _OPEN_SLOTS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_slots)
 
 
 def _anonymous_file(size: int) -> int:
