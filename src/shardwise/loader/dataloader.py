@@ -60,9 +60,9 @@ class DataLoader(TorchDataLoader[T_co]):
     - ``stats`` (throughput, time spent waiting for data), ``progress=True`` (a progress bar),
       and, with a process group up, a check at each epoch that every rank's shardwise sampler
       and batch size agree (one collective as each pass reads its order, so every rank
-      iterates the loader). ``verify=True`` checks torch's ``DistributedSampler`` too (split over the whole
-      group), which by default is left alone as torch leaves it (a loop on one rank stays
-      possible); ``False`` skips it.
+      iterates the loader). ``verify=True`` checks torch's ``DistributedSampler`` too (split
+      over the whole group), which by default is left alone as torch leaves it (a loop on one
+      rank stays possible); ``False`` skips it.
     - ``distributed=True`` builds a :class:`shardwise.DistributedSampler` from ``shuffle``,
       ``drop_last`` and ``seed``.
 
