@@ -117,8 +117,9 @@ def feistel_take(sizes: np.ndarray, seeds: np.ndarray, epoch: int,
     where an order object per size would cost more than its few positions.
 
     >>> sizes, seeds = np.array([10, 3]), np.array([7, 8], dtype=np.uint64)
-    >>> feistel_take(sizes, seeds, 0, np.array([4, 2])).tolist() == [
-    ...     FeistelOrder(10, 7, 0).take(np.array([4]))[0], FeistelOrder(3, 8, 0).take(np.array([2]))[0]]
+    >>> one_each = [FeistelOrder(10, 7, 0).take(np.array([4]))[0],
+    ...             FeistelOrder(3, 8, 0).take(np.array([2]))[0]]
+    >>> feistel_take(sizes, seeds, 0, np.array([4, 2])).tolist() == one_each
     True
     """
     sizes = np.asarray(sizes).astype(np.uint64)

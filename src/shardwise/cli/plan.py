@@ -86,9 +86,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="files, directories, globs or fsspec URLs: plan how the ranks split "
                              "them (only --world-size, --format table|json, --max-ranks and "
                              "--storage-option apply)")
-    parser.add_argument("--size", type=int, default=SAMPLER_ONLY["size"], help="number of samples (default 7)")
+    parser.add_argument("--size", type=int, default=SAMPLER_ONLY["size"],
+                        help="number of samples (default 7)")
     parser.add_argument("--world-size", type=int, default=3, help="number of ranks (default 3)")
-    parser.add_argument("--batch-size", type=int, default=SAMPLER_ONLY["batch_size"], help="per-rank batch (default 2)")
+    parser.add_argument("--batch-size", type=int, default=SAMPLER_ONLY["batch_size"],
+                        help="per-rank batch (default 2)")
     parser.add_argument("--epochs", type=int, default=SAMPLER_ONLY["epochs"],
                         help=f"epochs to show, at most {MAX_EPOCHS:,} (default 2)")
     parser.add_argument("--no-shuffle", action="store_true", help="keep dataset order")

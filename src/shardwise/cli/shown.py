@@ -29,4 +29,5 @@ def not_shown(shown: Sized, left_out: int) -> str:
     '  ranks 3 to 97 not shown (95 ranks; see --max-ranks)'
     """
     first = head_count(shown)
-    return f"  ranks {first} to {first + left_out - 1} not shown ({left_out:,} ranks; see --max-ranks)"
+    return (f"  ranks {first} to {first + left_out - 1} not shown ({left_out:,} ranks; see "
+            "--max-ranks)")
