@@ -552,7 +552,8 @@ def read_state(loader: Any, state: Any) -> Resume | None:
                 f"this is rank {this[0]} of {this[1]}, whose batches came in another order, so "
                 "its resume may repeat or skip a few: resume each rank from its own state, or "
                 "use in_order=True", stacklevel=3)
-            common["ahead"] = {}  # the other rank's early batches are not ours
+            # Its places are passed over here too (which of ours were delivered is not known):
+            # every rank then resumes with as many batches left, and none waits on the others.
         epoch, restarts = placement(sampler)
         return Resume(skip=0, resumed_batches=before, randomness={},
                       sampler_placement=(epoch if saved_epoch is None else saved_epoch, restarts),
