@@ -374,6 +374,20 @@ def test_a_file_that_shrank_after_planning_is_an_error_and_appended_bytes_are_no
     assert read_lines(the_plan, 0, 2) == ["1,2"]
     with pytest.raises(OSError, match=r"a.txt grew from 7 bytes.*to 9.*go on with its last line"):
         read_lines(the_plan, 1, 2)
+    # Whichever rank reads that line is stopped (here the first, whose share runs to the end)
+    path.write_text("1,2\n3,4,5,6,7,8,9")
+    the_plan = plan(path, 2)
+    with open(path, "a") as f:
+        f.write("0\n")
+    assert read_lines(the_plan, 1, 2) == []
+    with pytest.raises(OSError, match=r"a.txt grew from 17 bytes.*go on with its last line"):
+        read_lines(the_plan, 0, 2)
+    # Bytes added that begin with the line's end leave it whole: it is read as planned
+    path.write_text("1,2\n3,4")
+    the_plan = plan(path, 2)
+    with open(path, "a") as f:
+        f.write("\n5\n")
+    assert [read_lines(the_plan, rank, 2) for rank in range(2)] == [["1,2"], ["3,4"]]
 
 
 def test_a_wildcard_at_an_object_stores_root_matches_its_top_folders() -> None:

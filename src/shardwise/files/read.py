@@ -124,11 +124,6 @@ def _chunks(pieces: list[Piece], block_bytes: int) -> Iterator[Chunk]:
         source, size = piece.source, piece.source.size
         now = _check_not_shrunk(source)
         with _ranges(source) as read:
-            if now > size and piece.stop == size and size and read(size - 1, size) != b"\n":
-                raise OSError(
-                    f"{source.name} grew from {size:,} bytes, when the load was planned, to "
-                    f"{now:,}, and the bytes added go on with its last line, which would be "
-                    "loaded cut short: load it again once it is complete")
             # Each chunk's end is found just before it is read: a remote file's first chunk is
             # then not kept waiting for a request per cut.
             lo = _line_start(read, piece.start, size)
@@ -140,6 +135,8 @@ def _chunks(pieces: list[Piece], block_bytes: int) -> Iterator[Chunk]:
                 else:
                     hi = _line_start(read, cut, size)
                     data = _read_exactly(read, lo, hi, source)
+                if hi == size and now > size and data and not data.endswith(b"\n"):
+                    _check_last_line_ended(read, source, now)
                 if data:
                     yield Chunk(source, lo, data)
                 lo = hi
@@ -323,6 +320,16 @@ def _check_not_shrunk(source: Source) -> int:
             "shrank (was it rewritten during the load?); load it again once it is complete"
         )
     return now
+
+
+def _check_last_line_ended(read: ReadRange, source: Source, now: int) -> None:
+    """A planned last line with no ``\n``, in a file that has grown since: the bytes added must
+    begin with its end, or they go on with it and it would be loaded cut short."""
+    if read(source.size, source.size + 1) != b"\n":
+        raise OSError(
+            f"{source.name} grew from {source.size:,} bytes, when the load was planned, to "
+            f"{now:,}, and the bytes added go on with its last line, which would be loaded cut "
+            "short: load it again once it is complete")
 
 
 def _read_exactly(read: ReadRange, start: int, stop: int, source: Source) -> bytes:
