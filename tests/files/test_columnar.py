@@ -225,3 +225,12 @@ def test_an_empty_part_of_other_types_adds_nothing(tmp_path):
     tables = [read_table(tmp_path, rank, 2) for rank in range(2)]
     assert [t.num_rows for t in tables] == [2, 0]
     assert tables[1].schema.types == [pa.int64(), pa.string()]  # the first file's columns
+
+
+def test_an_empty_first_part_does_not_set_the_types_of_a_rank_with_nothing(tmp_path):
+    pq.write_table(pa.table({"id": pa.array([], pa.int32()), "s": pa.array([], pa.null())}),
+                   tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"id": [1, 2], "s": ["a", "b"]}), tmp_path / "part-1.parquet")
+    tables = [read_table(tmp_path, rank, 2) for rank in range(2)]
+    assert [t.num_rows for t in tables] == [0, 2]
+    assert tables[0].schema == tables[1].schema  # the columns of the file with rows

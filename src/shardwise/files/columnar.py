@@ -240,13 +240,13 @@ def read_table(
     else:
         plan = table_plan(paths, world_size, storage_options=storage_options)
     say_if_split_by_rows(plan, rank)
-    _check_one_schema(plan, columns)
+    model = _check_one_schema(plan, columns)
     # (an empty piece adds nothing, whatever its types: pandas writes an empty frame's text as
     # nulls)
     shared = [stretch for stretch in plan.share(rank) if stretch[2] > stretch[1]]
     pieces = list(read_stretches(shared, columns))
     if not pieces:  # nothing for this rank: an empty table of the inputs' columns
-        return file_schema(plan.sources[0], columns).empty_table()
+        return file_schema(model, columns).empty_table()
     schema = pieces[0].schema
     types = [widest(kind) for kind in schema.types]
     for (unit, _, _), piece in zip(shared, pieces):
@@ -295,11 +295,12 @@ def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
         return [Unit(source, i, rows, stored) for i, (rows, stored) in enumerate(batches)], schema
 
 
-def _check_one_schema(plan: TablePlan, columns: Sequence[str] | None) -> None:
+def _check_one_schema(plan: TablePlan, columns: Sequence[str] | None) -> Source:
     """Refuse inputs whose columns (those named) differ in names or types, on every rank alike:
     a rank reads some of the files, but the plan holds every file's footer. Types that differ
     only in the layout of text or lists are alike (see ``widest``); a file with no rows adds
-    nothing, whatever its types (pandas writes an empty frame's text as nulls)."""
+    nothing, whatever its types (pandas writes an empty frame's text as nulls). Returns the
+    file whose columns the table has (the first with rows, else the first)."""
     def shape(schema: pa.Schema) -> list[tuple[str, pa.DataType | None]]:
         names = schema.names if columns is None else [c for c in columns if "." not in c]
         return [(name, widest(schema.field(name).type) if name in schema.names else None)
@@ -308,10 +309,11 @@ def _check_one_schema(plan: TablePlan, columns: Sequence[str] | None) -> None:
     rows: dict[Source, int] = {}
     for unit in plan.units:
         rows[unit.source] = rows.get(unit.source, 0) + unit.rows
+    model = next((source for source in plan.sources if rows.get(source)), plan.sources[0])
     held = [(source, schema) for source, schema in zip(plan.sources, plan.schemas)
             if rows.get(source)]  # (a plan made without schemas holds none: checked as read)
     if not held:
-        return
+        return model
     (first, expected), top_level = held[0], [c for c in columns or () if "." not in c]
     _check_has(first, expected, top_level)  # (told alike on every rank, not only where read)
     for source, schema in held:
@@ -319,6 +321,7 @@ def _check_one_schema(plan: TablePlan, columns: Sequence[str] | None) -> None:
             raise ValueError(f"{source.name} has columns {schema.names} of types {schema.types}, "
                              f"unlike {first.name} ({expected.names}, {expected.types}); give "
                              "files of one schema")
+    return model
 
 
 def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Schema:
