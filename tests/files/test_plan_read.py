@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import tempfile
@@ -275,6 +276,33 @@ def test_a_recursive_glob_names_a_folder_reached_by_two_names_as_pythons_glob_do
     (tmp_path / "d" / "ext").symlink_to(tmp_path / "e", target_is_directory=True)
     assert [s.name for s in plan(str(tmp_path / "**" / "*.txt"), 1).sources] == [
         str(tmp_path / "d" / "ext" / "9.txt")]
+
+
+def _cross_linked(root: Path, count: int, *, back: bool = True) -> None:
+    """``count`` sibling folders, each holding a file and a link to every later one (and to
+    every earlier one, ``back``)."""
+    for i in range(count):
+        (root / f"s{i}").mkdir()
+        (root / f"s{i}" / "f.txt").write_text(f"{i}\n")
+    for i, j in itertools.permutations(range(count), 2):
+        if back or j > i:
+            (root / f"s{i}" / f"l{j}").symlink_to(root / f"s{j}", target_is_directory=True)
+
+
+def test_a_recursive_glob_names_each_folder_by_pythons_first_name_for_it(tmp_path: Path) -> None:
+    _cross_linked(tmp_path, 5, back=False)  # (no loop: Python's glob walks every path once)
+    first: dict[int, str] = {}
+    for match in sorted(glob.glob(str(tmp_path / "**" / "*.txt"), recursive=True)):
+        first.setdefault(os.stat(os.path.dirname(match)).st_ino, match)
+    assert [s.name for s in plan(str(tmp_path / "**" / "*.txt"), 1).sources] == sorted(
+        first.values())
+
+
+@pytest.mark.timeout(60)
+def test_a_recursive_glob_through_many_cross_links_reads_each_folder_once(tmp_path: Path) -> None:
+    _cross_linked(tmp_path, 12)  # 12! paths through the links, each folder found at once
+    assert sorted(read_lines(str(tmp_path / "**" / "*.txt"), 0, 1), key=int) == [
+        str(i) for i in range(12)]
 
 
 def test_a_glob_skips_files_in_hidden_folders_unless_it_names_them(tmp_path: Path) -> None:

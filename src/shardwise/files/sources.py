@@ -13,6 +13,7 @@ request to an object store (``remote.py``), and they are named without their cre
 from __future__ import annotations
 
 import glob
+import heapq
 import io
 import os
 import posixpath
@@ -225,19 +226,28 @@ def _glob_once_through_links(pattern: str) -> list[str]:
 
 
 def _folders_under(top: str) -> list[str]:
-    """``top`` and the folders under it, through links, as Python's glob reads them (hidden
-    ones left out, as a ``**`` leaves them), except into a folder they are already inside."""
-    folders, inside = [top], {top: {_inode(top)}}  # each folder's own and its ancestors' inodes
-    for folder, subfolders, _ in os.walk(top, followlinks=True):
-        kept = []
-        for name in sorted(subfolders):
+    """``top`` and the folders under it, through links, hidden ones left out (as a ``**`` leaves
+    them). Each folder comes once, by the name that sorts first among those Python's glob would
+    give it (walking every path to it, through links, costs the factorial of their number)."""
+    folders, seen = [], set()
+    # Paths come off the heap in sorted order (each after the path it extends), so a folder is
+    # first reached by its first name; ``/`` ends each key as it goes on in a file's path.
+    waiting = [(top + os.sep, top)]
+    while waiting:
+        _, folder = heapq.heappop(waiting)
+        if (inode := _inode(folder)) in seen:
+            continue
+        seen.add(inode)
+        folders.append(folder)
+        try:
+            with os.scandir(folder) as entries:
+                names = [entry.name for entry in entries
+                         if not entry.name.startswith(".") and entry.is_dir()]
+        except OSError:  # (a folder that cannot be listed holds nothing to find, as for os.walk)
+            continue
+        for name in names:
             path = os.path.join(folder, name)
-            inode = _inode(path)
-            if not name.startswith(".") and inode not in inside[folder]:  # (a loop, else)
-                inside[path] = inside[folder] | {inode}
-                kept.append(name)
-        subfolders[:] = kept
-        folders += [os.path.join(folder, name) for name in kept]
+            heapq.heappush(waiting, (path + os.sep, path))
     return folders
 
 
