@@ -24,7 +24,7 @@ from torch.utils.data import (
 from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import DistributedSampler as TorchDistributed
 
-from shardwise import DataLoader, DistributedSampler
+from shardwise import DataLoader, DistributedSampler, WeightedDistributedSampler
 from shardwise.loader.position import StateMismatchError, stateful
 
 pytestmark = pytest.mark.timeout(120)
@@ -1511,6 +1511,53 @@ def test_a_resumed_pass_not_yet_begun_is_retired_by_the_next_on_persistent_worke
     del first, second
     resumed._iterator = None  # how Lightning stops them
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_state_before_the_first_batch_of_an_epoch_the_workers_drew_whole_is_its_start(
+        weighted):
+    def loader():  # 2 batches: the workers draw them both (and the sampler's end) at iter()
+        sampler = (WeightedDistributedSampler([1.0] * 8, 8, num_replicas=1, rank=0) if weighted
+                   else DistributedSampler(8, 1, 0, seed=3))
+        return DataLoader(Indexed(8), batch_size=4, num_workers=2, sampler=sampler)
+
+    saving = loader()
+    iterator = iter(saving)
+    state = saving.state_dict()
+    assert state["sampler"]["epoch"] == saving.sampler.epoch == 0
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert values(resumed) == values(iterator)
+
+
+class SlowAt(Indexed):
+    """Sample ``slow`` takes a second: later batches are ready before it."""
+
+    def __init__(self, size: int, slow: int) -> None:
+        super().__init__(size)
+        self.slow = slow
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.slow:
+            time.sleep(1.0)
+        return index
+
+
+def test_an_out_of_order_state_while_the_first_batch_loads_resumes_the_rest_of_its_epoch():
+    first = int(DistributedSampler(8, 1, 0, seed=3).indices()[0])
+
+    def loader():
+        return DataLoader(SlowAt(8, first), batch_size=1, num_workers=2, in_order=False,
+                          sampler=DistributedSampler(8, 1, 0, seed=3))
+
+    saving = loader()
+    iterator = iter(saving)
+    head = values(islice(iterator, 5))
+    state = saving.state_dict()  # the workers drew the whole epoch; its first batch is loading
+    assert [first] not in head and state["sampler"]["epoch"] == saving.sampler.epoch == 0
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert sorted(values(resumed)) == sorted(values(iterator))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -287,8 +287,9 @@ class LoaderIterator(_BaseDataLoaderIter):
                 self.record.worker_states = carried  # batches fetched ahead of delivery too
             self._workers = list(getattr(self._pool, "procs", None) or self._pool.threads)
             self._indices = iter(loader._index_sampler)
-        if self.record.route == "replay":  # only its state says what the sampler had drawn
-            self._indices = _counted(self._indices, self.record)
+        # (a replayed pass's state says what its sampler had drawn; a sampler's own state, whether
+        # the pass it counts in has begun)
+        self._indices = _counted(self._indices, self.record)
         skip = resume.skip if resume is not None else 0
         self._drop = 0
         if skip and loader._dataset_kind == _DatasetKind.Map:

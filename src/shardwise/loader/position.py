@@ -38,6 +38,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.default_samplers import RandomSampler, SequentialSampler
 from shardwise.loader.randomness import decoded, encoded, global_states, random_states
+from shardwise.samplers.passes import EpochSampler
 
 STATE_VERSION = 2  # 2: dataset states in torchdata's layout
 
@@ -210,7 +211,7 @@ def loader_state(loader: Any, record: PassRecord | None, live: Any = None) -> di
         whole = record.finished or _delivered_all(loader, record, sampler)
         state["sampler"] = sampler.state_dict(
             consumed=getattr(sampler, "pass_length", len(sampler)) if whole
-            else record.prefix_samples, **_batched(loader, sampler))
+            else record.prefix_samples, **_batched(loader, sampler), **_begun(sampler, record))
     else:
         state["randomness"] = encoded(record.randomness)
         if batches and not record.finished:
@@ -255,6 +256,12 @@ def _batched(loader: Any, sampler: Any) -> dict[str, Any]:
     if getattr(sampler, "remainder", None) != "uneven" or own is None:
         return {}  # (batched otherwise: the sampler's own rule)
     return {"batch_size": own[0], "drop_last": own[1]}
+
+
+def _begun(sampler: Any, record: PassRecord) -> dict[str, Any]:
+    """Whether the pass has drawn from a shardwise sampler, for its state: every index drawn,
+    none delivered, is this pass's start, not the next one's (see ``state_dict``)."""
+    return {"begun": True} if record.taken and isinstance(sampler, EpochSampler) else {}
 
 
 def _delivered_all(loader: Any, record: PassRecord, sampler: Any) -> bool:

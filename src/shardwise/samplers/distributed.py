@@ -275,7 +275,7 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
     # -- checkpoints ---------------------------------------------------------------------------
 
     def state_dict(self, consumed: int | None = None, *, batch_size: int | None = None,
-                   drop_last: bool = False) -> dict[str, Any]:
+                   drop_last: bool = False, begun: bool = False) -> dict[str, Any]:
         """Where the epoch stands, enough for every rank (of any world size) to resume.
 
         Args:
@@ -287,10 +287,13 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
                 shorter rank that used its whole share then knows whether the longer ranks had
                 a batch left at that step (a checkpoint taken before their last one). Without
                 them it takes that they had none, as at a pass's end.
+            begun: the pass ``consumed`` counts in has drawn from this sampler already (a
+                loader's pass under way). Else ``consumed=0`` after a pass that drew every index
+                describes the next pass, the one a loader's new iterator is about to draw.
 
         The state is plain data (ints, strings, lists): ``json`` and ``torch.save`` keep it.
         """
-        self._before_state(consumed)
+        self._before_state(consumed, begun)
         if (ended := self._state_if_ended(consumed)) is not None:
             return ended
         share = self.pass_length

@@ -188,11 +188,13 @@ class EpochSampler(Sampler[int]):
         # a pass already began here and set_epoch was never called: the next epoch
         return self._start_of(self._checked_epoch(self._at.epoch + 1))
 
-    def _before_state(self, consumed: int | None) -> None:
+    def _before_state(self, consumed: int | None, begun: bool) -> None:
         """A state of a pass that has used nothing yet (``consumed=0``, a loader's pass not yet
         begun) after one that ran out describes the next pass: the sampler stands where it
-        starts (the next epoch, without set_epoch), as its ``__iter__`` will."""
-        if consumed == 0 and self._active is not None and self._active.finished:
+        starts (the next epoch, without set_epoch), as its ``__iter__`` will. A pass that has
+        drawn its indices (``begun``: a loader's, all drawn, none delivered yet) is the one
+        that ran out: its state is its start."""
+        if consumed == 0 and not begun and self._active is not None and self._active.finished:
             self._stand_at(self._next_start())
 
     def __getstate__(self) -> dict[str, Any]:

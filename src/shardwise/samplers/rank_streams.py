@@ -59,9 +59,10 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
     def _pass_length(self, at: StreamPosition) -> int:
         return max(0, self.num_samples - at.offset)
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where this rank's stream stands; ``consumed`` as in :class:`shardwise.DistributedSampler`."""
-        self._before_state(consumed)
+    def state_dict(self, consumed: int | None = None, *, begun: bool = False) -> dict[str, Any]:
+        """Where this rank's stream stands; ``consumed`` and ``begun`` as in
+        :class:`shardwise.DistributedSampler`."""
+        self._before_state(consumed, begun)
         if (ended := self._state_if_ended(consumed)) is not None:
             return ended
         share = self.pass_length

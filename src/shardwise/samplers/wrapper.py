@@ -89,8 +89,9 @@ class DistributedSamplerWrapper(DistributedSampler):
         return {**super().config(), "sampler": type(self.sampler).__qualname__}
 
     def state_dict(self, consumed: int | None = None, *, batch_size: int | None = None,
-                   drop_last: bool = False) -> dict[str, Any]:
-        state = super().state_dict(consumed, batch_size=batch_size, drop_last=drop_last)
+                   drop_last: bool = False, begun: bool = False) -> dict[str, Any]:
+        state = super().state_dict(consumed, batch_size=batch_size, drop_last=drop_last,
+                                   begun=begun)
         # The order drawn for the saved epoch, if drawn: drawing it only for the state would
         # move on a generator that the next epoch draws from.
         if self._cached_order is not None and self._cached_order[0] == state["epoch"]:
