@@ -305,6 +305,18 @@ def test_a_recursive_glob_through_many_cross_links_reads_each_folder_once(tmp_pa
         str(i) for i in range(12)]
 
 
+def test_a_folder_linked_from_a_hidden_one_keeps_its_visible_name(tmp_path: Path) -> None:
+    (tmp_path / "_staging" / "part").mkdir(parents=True)  # ("_" sorts before letters)
+    (tmp_path / "_staging" / "part" / "a.txt").write_text("a\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "part").symlink_to(tmp_path / "_staging" / "part",
+                                            target_is_directory=True)
+    assert [s.name for s in plan(str(tmp_path / "**" / "*.txt"), 1).sources] == [
+        str(tmp_path / "data" / "part" / "a.txt")]
+    assert [s.name for s in plan(str(tmp_path / "**" / "_staging" / "*" / "*.txt"), 1).sources
+            ] == [str(tmp_path / "_staging" / "part" / "a.txt")]
+
+
 def test_a_glob_skips_files_in_hidden_folders_unless_it_names_them(tmp_path: Path) -> None:
     (tmp_path / "_tmp").mkdir()
     (tmp_path / "_tmp" / "part-1.txt").write_text("unfinished\n")

@@ -193,7 +193,7 @@ def _glob_local(url: str, pattern: str, shown: Callable[[str], str]) -> dict[str
     names: dict[tuple[int, int], str] = {}  # each real directory, and the name it is read under
     prefix, named = _glob_prefix(pattern), _literal_parts(pattern)
     # fsspec's glob neither follows nor types symlinks: Python's glob does
-    for match in sorted(map(os.path.normpath, _glob_once_through_links(pattern))):
+    for match in sorted(map(os.path.normpath, _glob_once_through_links(pattern, named))):
         if _hidden(posixpath.relpath(match, prefix), named):
             continue
         if (size := _local_size(match, shown)) is None:  # a directory, unless walked (``**``)
@@ -207,10 +207,11 @@ def _glob_local(url: str, pattern: str, shown: Callable[[str], str]) -> dict[str
     return found
 
 
-def _glob_once_through_links(pattern: str) -> list[str]:
+def _glob_once_through_links(pattern: str, named: AbstractSet[str]) -> list[str]:
     """``glob.glob(pattern, recursive=True)``, except that a ``**`` never enters a folder it is
     already inside: Python's glob follows every path through links back to an ancestor (two
-    such links in a folder make 2**40 paths before the system's link limit stops it)."""
+    such links in a folder make 2**40 paths before the system's link limit stops it). Nor
+    does it enter hidden folders (see ``_hidden``) but those ``named``."""
     parts = pattern.split(os.sep)
     if "**" not in parts:
         return glob.glob(pattern)
@@ -219,16 +220,17 @@ def _glob_once_through_links(pattern: str) -> list[str]:
     rest = os.sep.join(parts[at + 1 :])
     matches = []
     for top in glob.glob(base) if _is_glob(base) else [base]:
-        for folder in _folders_under(top) if os.path.isdir(top) else ():
-            matches += _glob_once_through_links(os.path.join(glob.escape(folder), rest)) \
-                if rest else [folder]
+        for folder in _folders_under(top, named) if os.path.isdir(top) else ():
+            matches += _glob_once_through_links(os.path.join(glob.escape(folder), rest),
+                                                named) if rest else [folder]
     return matches
 
 
-def _folders_under(top: str) -> list[str]:
-    """``top`` and the folders under it, through links, hidden ones left out (as a ``**`` leaves
-    them). Each folder comes once, by the name that sorts first among those Python's glob would
-    give it (walking every path to it, through links, costs the factorial of their number)."""
+def _folders_under(top: str, named: AbstractSet[str]) -> list[str]:
+    """``top`` and the folders under it, through links, hidden ones left out but those
+    ``named`` (see ``_hidden``). Each folder comes once, by the name that sorts first among
+    those Python's glob would give it (walking every path to it, through links, costs the
+    factorial of their number); a name through a hidden folder, skipped, is not one of them."""
     folders, seen = [], set()
     # Paths come off the heap in sorted order (each after the path it extends), so a folder is
     # first reached by its first name; ``/`` ends each key as it goes on in a file's path.
@@ -241,8 +243,8 @@ def _folders_under(top: str) -> list[str]:
         folders.append(folder)
         try:
             with os.scandir(folder) as entries:
-                names = [entry.name for entry in entries
-                         if not entry.name.startswith(".") and entry.is_dir()]
+                names = [entry.name for entry in entries if entry.is_dir() and not (
+                    entry.name.startswith(".") or _hidden(entry.name, named))]  # (as ** skips)
         except OSError:  # (a folder that cannot be listed holds nothing to find, as for os.walk)
             continue
         for name in names:
