@@ -93,6 +93,13 @@ def _consistency_checks() -> dict:
         check_consistent(RandomSampler(range(3)) if rank == 1 else _sampler(rank))
     except TypeError as exc:
         out["unsupported"] = str(exc)
+    failing = _sampler(rank)
+    if rank == 2:
+        failing.fingerprint = lambda: 1 // 0
+    try:  # one rank's sampler fails to describe itself: every rank raises
+        check_consistent(failing)
+    except ZeroDivisionError as exc:
+        out["failed"] = str(exc)
     return out
 
 
@@ -107,6 +114,7 @@ def test_every_rank_names_the_rank_that_differs():
     assert "rank 1 has fingerprint=0x" in out["epoch"]  # another epoch, another order
     assert "ranks 0, 1, 2 have num_replicas=2 but the process group has 3 ranks" in out["world"]
     assert out["unsupported"].startswith("rank 1: check_consistent compares shardwise's samplers")
+    assert out["failed"] == "rank 2: integer division or modulo by zero"
     assert "rank 2's sampler has rank=1" in out["world"]
     assert "rank 1's sampler has rank=0" in out["rank"]
     assert out["seed"].startswith("samplers differ across ranks")

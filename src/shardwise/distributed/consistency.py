@@ -145,7 +145,8 @@ def check_consistent(
     world, _ = group_world(group)
     try:
         fields, problem = sampler_fields(sampler), None
-    except TypeError as error:  # raised on every rank: the others must not wait for this one
+    # (an unsupported sampler, or one whose config() or fingerprint() failed here)
+    except Exception as error:  # noqa: BLE001 - raised on every rank: none waits for this one
         fields, problem = {}, error
     per_rank = agree({"problem": problem, "rank": getattr(sampler, "rank", None),
                       "fields": fields, "batching": dict(batching or {})}, (), group,
