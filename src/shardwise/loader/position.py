@@ -260,8 +260,10 @@ def _batched(loader: Any, sampler: Any) -> dict[str, Any]:
 
 def _begun(sampler: Any, record: PassRecord) -> dict[str, Any]:
     """Whether the pass has drawn from a shardwise sampler, for its state: every index drawn,
-    none delivered, is this pass's start, not the next one's (see ``state_dict``)."""
-    return {"begun": True} if record.taken and isinstance(sampler, EpochSampler) else {}
+    none delivered, is this pass's start, not the next one's (see ``state_dict``). Said only
+    then, for a subclass that overrides ``state_dict(consumed)`` alone."""
+    drew_only = record.taken and not record.prefix_samples
+    return {"begun": True} if drew_only and isinstance(sampler, EpochSampler) else {}
 
 
 def _delivered_all(loader: Any, record: PassRecord, sampler: Any) -> bool:
