@@ -428,6 +428,14 @@ def test_a_file_that_shrank_after_planning_is_an_error_and_appended_bytes_are_no
     with open(path, "a") as f:
         f.write("\n5\n")
     assert [read_lines(the_plan, rank, 2) for rank in range(2)] == [["1,2"], ["3,4"]]
+    # Bytes added while the file is read, after its size was looked at, are seen too
+    path.write_text("1\n2\n3\n4,5")
+    chunks = iter_chunks(plan(path, 1), 0, 1, block_bytes=2)
+    assert next(chunks).data == b"1\n"
+    with open(path, "a") as f:
+        f.write("6\n")
+    with pytest.raises(OSError, match=r"a.txt grew from 9 bytes.*to 11.*go on with its last line"):
+        list(chunks)
 
 
 def test_a_wildcard_at_an_object_stores_root_matches_its_top_folders() -> None:

@@ -135,8 +135,10 @@ def _chunks(pieces: list[Piece], block_bytes: int) -> Iterator[Chunk]:
                 else:
                     hi = _line_start(read, cut, size)
                     data = _read_exactly(read, lo, hi, source)
-                if hi == size and now > size and data and not data.endswith(b"\n"):
-                    _check_last_line_ended(read, source, now)
+                # (a local file is looked at again here: it may have grown since ``now``)
+                if hi == size and data and not data.endswith(b"\n") and (
+                        now > size or not source.remote):
+                    _check_last_line_ended(read, source)
                 if data:
                     yield Chunk(source, lo, data)
                 lo = hi
@@ -313,7 +315,7 @@ def _line_start(read: ReadRange, cut: int, size: int) -> int:
 def _check_not_shrunk(source: Source) -> int:
     """A file must still hold the bytes planned for it, or the ranks' shares no longer tile it:
     its size now."""
-    now = current_size(source) if source.remote else source.fs.size(source.path)
+    now = _size_now(source)
     if now < source.size:
         raise OSError(
             f"{source.name} has {now:,} bytes but had {source.size:,} when the load was planned: it "
@@ -322,14 +324,18 @@ def _check_not_shrunk(source: Source) -> int:
     return now
 
 
-def _check_last_line_ended(read: ReadRange, source: Source, now: int) -> None:
-    """A planned last line with no ``\n``, in a file that has grown since: the bytes added must
-    begin with its end, or they go on with it and it would be loaded cut short."""
-    if read(source.size, source.size + 1) != b"\n":
+def _check_last_line_ended(read: ReadRange, source: Source) -> None:
+    """A planned last line with no ``\n``: bytes added to the file since must begin with its
+    end, or they go on with it and it would be loaded cut short."""
+    if read(source.size, source.size + 1) not in (b"", b"\n"):
         raise OSError(
             f"{source.name} grew from {source.size:,} bytes, when the load was planned, to "
-            f"{now:,}, and the bytes added go on with its last line, which would be loaded cut "
-            "short: load it again once it is complete")
+            f"{_size_now(source):,}, and the bytes added go on with its last line, which would "
+            "be loaded cut short: load it again once it is complete")
+
+
+def _size_now(source: Source) -> int:
+    return current_size(source) if source.remote else source.fs.size(source.path)
 
 
 def _read_exactly(read: ReadRange, start: int, stop: int, source: Source) -> bytes:
