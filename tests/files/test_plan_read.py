@@ -406,27 +406,26 @@ def test_a_file_that_shrank_after_planning_is_an_error_and_appended_bytes_are_no
     path.write_text("1\n")
     with pytest.raises(OSError, match=r"a.txt has 2 bytes but had 6 when the load was planned"):
         list(iter_chunks(the_plan, 1, 2))
+
+    def grown(planned: str, added: str):  # a plan for 2 ranks, made before ``added`` came
+        path.write_text(planned)
+        the_plan = plan(path, 2)
+        with open(path, "a") as f:
+            f.write(added)
+        return the_plan
+
     # A planned last line with no end, which the bytes added go on with, is not read cut short
-    path.write_text("1,2\n3,4")
-    the_plan = plan(path, 2)
-    with open(path, "a") as f:
-        f.write("5\n")
+    the_plan = grown("1,2\n3,4", "5\n")
     assert read_lines(the_plan, 0, 2) == ["1,2"]
     with pytest.raises(OSError, match=r"a.txt grew from 7 bytes.*to 9.*go on with its last line"):
         read_lines(the_plan, 1, 2)
     # Whichever rank reads that line is stopped (here the first, whose share runs to the end)
-    path.write_text("1,2\n3,4,5,6,7,8,9")
-    the_plan = plan(path, 2)
-    with open(path, "a") as f:
-        f.write("0\n")
+    the_plan = grown("1,2\n3,4,5,6,7,8,9", "0\n")
     assert read_lines(the_plan, 1, 2) == []
     with pytest.raises(OSError, match=r"a.txt grew from 17 bytes.*go on with its last line"):
         read_lines(the_plan, 0, 2)
     # Bytes added that begin with the line's end leave it whole: it is read as planned
-    path.write_text("1,2\n3,4")
-    the_plan = plan(path, 2)
-    with open(path, "a") as f:
-        f.write("\n5\n")
+    the_plan = grown("1,2\n3,4", "\n5\n")
     assert [read_lines(the_plan, rank, 2) for rank in range(2)] == [["1,2"], ["3,4"]]
     # Bytes added while the file is read, after its size was looked at, are seen too
     path.write_text("1\n2\n3\n4,5")
