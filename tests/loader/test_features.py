@@ -292,6 +292,46 @@ def test_one_out_of_order_state_loaded_by_every_rank_is_not_refused():
     assert warned == ["the state was saved with in_order=False by rank"]
 
 
+class StatefulRows(Rows):
+    """Stateful (torchdata's protocol): each worker process keeps its own copy's state."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def _resumed_on_other_workers(workers: list[int]) -> str:
+    """Each rank resumes a state saved with 2 workers, on ``workers[rank]`` of them."""
+    def make(num_workers: int) -> DataLoader:
+        rows = StatefulRows()
+        return DataLoader(rows, batch_size=2, sampler=DistributedSampler(rows),
+                          num_workers=num_workers)
+
+    loader = make(2)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    del batches
+    resumed = make(workers[dist.get_rank()])
+    resumed.load_state_dict(state)
+    try:
+        return f"{1 + sum(1 for _ in resumed)} batches"
+    except ValueError as error:  # (a StateMismatchError)
+        return f"{type(error).__name__}: {error}"
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_cannot_resume_its_state_fails_every_rank():
+    # Rank 1 refuses the state as its pass begins (at iter(), before the other rank's check):
+    # the other rank, checking with workers at iter(), raises the same error rather than wait.
+    for message in spawn_local(_resumed_on_other_workers, 2, [2, 0], timeout=100):
+        assert message.startswith("StateMismatchError: rank 1: the state was saved with 2 "
+                                  "worker processes"), message
+    assert spawn_local(_resumed_on_other_workers, 2, [2, 2], timeout=100) == ["12 batches"] * 2
+
+
 def _late_rank(patience: float) -> list[str]:
     from shardwise.loader import dataloader
 

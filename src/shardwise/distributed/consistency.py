@@ -128,7 +128,7 @@ def disagreements(per_rank: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def check_consistent(
     sampler: ConfiguredSampler | TorchDistributedSampler, group: Any = None, *,
-    batching: Mapping[str, Any] | None = None,
+    batching: Mapping[str, Any] | None = None, problem: BaseException | None = None,
 ) -> None:
     """Raise :class:`InconsistentRanksError` on every rank unless all samplers agree.
 
@@ -137,17 +137,20 @@ def check_consistent(
     sampler's ``rank`` its process's rank in the group. torch's ``DistributedSampler`` is
     compared by its dataset's length, ``seed``, ``epoch``, ``shuffle``, ``drop_last`` and
     ``num_replicas``. ``batching``: a loader's settings that fix how many steps each rank takes
-    (``batch_size``, ``drop_last``), compared in the same collective.
+    (``batch_size``, ``drop_last``), compared in the same collective. ``problem``: an error
+    this rank met before the check, raised on every rank instead (none is left waiting for it).
 
     >>> from shardwise import DistributedSampler
     >>> check_consistent(DistributedSampler(7, num_replicas=1, rank=0), batching={"batch_size": 2})
     """
     world, _ = group_world(group)
+    fields: dict[str, Any] = {}
     try:
-        fields, problem = sampler_fields(sampler), None
+        if problem is None:
+            fields = sampler_fields(sampler)
     # (an unsupported sampler, or one whose config() or fingerprint() failed here)
     except Exception as error:  # noqa: BLE001 - raised on every rank: none waits for this one
-        fields, problem = {}, error
+        problem = error
     per_rank = agree({"problem": problem, "rank": getattr(sampler, "rank", None),
                       "fields": fields, "batching": dict(batching or {})}, (), group,
                      caller="check_consistent")

@@ -305,15 +305,18 @@ class DataLoader(TorchDataLoader[T_co]):
         resume, self._resume = self._resume, None
         return None if resume is None else resume.applied(self)
 
-    def _check_ranks(self, resume: Resume | None) -> None:
+    def _check_ranks(self, resume: Resume | None, problem: Exception | None = None) -> None:
         """Compare this rank's sampler and batching with every other rank's (one collective),
-        for a pass that takes ``resume``."""
-        if self.verify is False or _group_size() == 1:
-            return
-        sampler = _checked_sampler(self, torch_samplers=self.verify is True)
-        if sampler is None and self.verify is True:  # every rank joins, or the others wait
-            sampler = _Unsplit(self.sampler)
+        for a pass that takes ``resume``; or, where this rank cannot begin the pass (``problem``),
+        raise that on every rank that checks, so none waits for this one."""
+        sampler = None
+        if self.verify is not False and _group_size() > 1:
+            sampler = _checked_sampler(self, torch_samplers=self.verify is True)
+            if sampler is None and self.verify is True:  # every rank joins, or the others wait
+                sampler = _Unsplit(self.sampler)
         if sampler is None:
+            if problem is not None:
+                raise problem
             return
         batching = {"batch_size": getattr(self.batch_sampler, "batch_size", self.batch_size),
                     "drop_last": getattr(self.batch_sampler, "drop_last", self.drop_last)}
@@ -329,7 +332,7 @@ class DataLoader(TorchDataLoader[T_co]):
         waiting.daemon = True
         waiting.start()
         try:
-            check_consistent(sampler, batching=batching)
+            check_consistent(sampler, batching=batching, problem=problem)
         finally:
             waiting.cancel()
 

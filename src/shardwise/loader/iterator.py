@@ -38,6 +38,7 @@ from shardwise.loader.pools import (
 from shardwise.loader.position import (
     PassRecord,
     Resume,
+    StateMismatchError,
     dataset_states,
     keeps_states,
     new_record,
@@ -109,14 +110,23 @@ class LoaderIterator(_BaseDataLoaderIter):
         # epoch's unseen end, what it resumes is known then too.
         resume = loader._resume
         ordered_later = orders_by_epoch(loader)
-        if resume is not None and ordered_later:
-            resume.check_fit(loader)  # (refused as iter() is called, all the same)
+        if resume is not None:  # (refused as iter() is called, wherever the pass begins)
+            self._refuse_misfit(resume)
         waits = resume is not None and (resume.unseen_end_of or ordered_later)
         self._undecided = resume if waits else None
         if self._undecided is None:
             if self._num_workers or loader._pinning:
                 self._check_ranks(None if resume is None else resume.applied(loader))
             self._start()
+
+    def _refuse_misfit(self, resume: Resume) -> None:
+        """Refuse a state this loader cannot resume on every rank that checks: the others would
+        wait in the check for this one."""
+        try:
+            resume.check_fit(self._loader)
+        except StateMismatchError as error:
+            self._loader._check_ranks(resume.applied(self._loader), problem=error)
+            raise
 
     def _check_ranks(self, resume: Resume | None) -> None:
         """Compare this pass with the other ranks' (one collective), as it takes ``resume``."""
