@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -440,3 +441,24 @@ def test_a_parser_may_give_numpy_integer_ids_and_a_first_line_not_utf8_sets_no_w
     with pytest.warns(UserWarning, match="skipped 1 malformed line"):
         vectors, stats = read_records(path, Format("fvec", on_error="skip"), 0, 1)
     assert vectors["id"].tolist() == [1, 2] and stats.skipped == 1
+
+
+def test_the_fvec_width_comes_from_the_first_line_as_the_parse_reads_it(tmp_path: Path) -> None:
+    # A hook that fails on a header with any exception passes it over (the parse skips it too),
+    # and a byte order mark is not part of the first line a hook is given.
+    path = tmp_path / "v.txt"
+    path.write_text("# id x y\n1 0.5 0.25\n2 1.5 2.5\n")
+    def match(line: str) -> tuple:
+        return re.fullmatch(r"(\d+)\s+(\S+)\s+(\S+)", line).groups()  # None.groups(): an error
+
+    with pytest.warns(UserWarning, match="skipped 1 malformed line.*AttributeError"):
+        vectors, _ = read_records(path, Format("fvec", parser=match, on_error="skip"), 0, 1)
+    assert vectors["id"].tolist() == [1, 2]
+    path.write_bytes("\ufeff1 0.5 0.25\n2 0.75\n".encode())
+    def strict(line: str) -> list:
+        first, *values = line.split()
+        return [int(first), *values]
+
+    with pytest.warns(UserWarning, match="v.txt:2: expected 2 features, got 1"):
+        vectors, _ = read_records(path, Format("fvec", parser=strict, on_error="skip"), 0, 1)
+    assert vectors["id"].tolist() == [1] and vectors["values"].tolist() == [[0.5, 0.25]]

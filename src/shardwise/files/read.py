@@ -213,7 +213,8 @@ def read_lines(
 def leading_lines(paths: Paths | Plan) -> Iterator[bytes]:
     """The input's lines from its very start, as bytes without terminators, read as asked for.
 
-    For looking at the first lines (every rank sees the same ones), not for reading a share.
+    For looking at the first lines (every rank sees the same ones), not for reading a share. A
+    file's byte order mark is not part of its first line, as the parse reads it.
 
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "a"
@@ -226,6 +227,8 @@ def leading_lines(paths: Paths | Plan) -> Iterator[bytes]:
             pending: list[bytes] = []  # the start of a line that does not end in this block
             for start in range(0, source.size, _SCAN_BYTES):
                 block = read(start, min(start + _SCAN_BYTES, source.size))
+                if start == 0:
+                    block = block.removeprefix(BOM)
                 end = block.rfind(b"\n") + 1
                 if end:
                     yield from split_lines(b"".join([*pending, block[:end]]))
