@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import tracemalloc
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -332,6 +333,7 @@ def _outcome(path: Path, fmt: Format) -> object:
     ("fmap", "1,2,1_5\n"), ("fset", "0x10,2|0.5\n"), ("fset", "1,2|\n"), ("fset", "1,3:\n"),
     ("fvec", "0x10,0.5\n"), ("fvec", "1,0.5,1_5\n"),
     ("fmap", "1,2\n3,4\r5,6\n"), ("fvec", "1,0.5\n2,0.5\r3,0.5\n"),
+    ("fmap", "1,2,0.5\x0b\n"), ("fvec", "1,\x0c0.5\n"), ("fmap", "1,2,nan(a-b)\n"),
 ])
 def test_a_line_means_the_same_on_every_path(tmp_path, pattern, text):
     """A hostile line is read, or refused, alike by pyarrow, the per-line path and a chunk with
@@ -346,6 +348,20 @@ def test_a_line_means_the_same_on_every_path(tmp_path, pattern, text):
     assert _outcome(with_bad, fmt) == outcome  # the first bad line is still the one named
     with pytest.warns(UserWarning, match="skipped 2 malformed line"):
         read_records(with_bad, replace(fmt, on_error="skip"))  # each holds one bad line, and x,y
+
+
+@pytest.mark.parametrize("pattern", ["fmap", "fset", "fvec"])
+def test_a_nan_as_c_libraries_print_it_is_a_nan_on_every_path(tmp_path, pattern):
+    line = {"fmap": "1,2,-nan(ind)\n", "fset": "1,2|nan(1)\n", "fvec": "1,NaN(x_1)\n"}[pattern]
+    alone = _write(tmp_path, line, "alone.txt")
+    fmt = Format(pattern, features=1 if pattern == "fvec" else None)
+    per_line = replace(fmt, parser=lambda line: line.split(","))
+    with_bad = _write(tmp_path, line + "x,y\n", "with_bad.txt")
+    for path, form in [(alone, fmt), (alone, per_line), (with_bad, replace(fmt, on_error="skip"))]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (x,y skipped)
+            records, _ = read_records(path, form)
+        assert len(records) == 1 and np.isnan(records[0][-1]).all()
 
 
 def test_a_byte_order_mark_and_blank_lines_are_not_records(tmp_path):

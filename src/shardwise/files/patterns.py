@@ -61,6 +61,7 @@ _INT64_RANGE = range(-(2**63), 2**63)
 # What pyarrow reads as a number, so a line means the same on either path: decimal digits with an
 # optional '-' (no '+', '_', hex or non-ASCII digits) around which spaces and tabs are trimmed.
 _INT_TOKEN = re.compile(r"[ \t]*-?[0-9]+[ \t]*")
+_NAN_WITH_PAYLOAD = re.compile(r"[+-]?nan\([0-9a-z_]*\)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -583,10 +584,15 @@ def _int_id(token: object) -> int:
 
 
 def _number(token: object, what: str = "weight") -> float:
-    """A float as pyarrow reads one (Python's ``float`` alone also takes '1_5' and non-ASCII
-    digits)."""
-    if isinstance(token, str) and (not token.isascii() or "_" in token or not token.strip()):
-        raise ValueError(f"{what} {_cut(token)} is not a number")
+    """A float as pyarrow reads one: Python's ``float`` alone also takes '1_5', non-ASCII digits
+    and other spaces than ' ' and tab around it, and refuses a NaN with a payload ('-nan(ind)',
+    as C libraries print one)."""
+    if isinstance(token, str):
+        text = token.strip(" \t")
+        if _NAN_WITH_PAYLOAD.fullmatch(text):
+            return float("nan")
+        if not text or not text.isascii() or "_" in text or text != text.strip():
+            raise ValueError(f"{what} {_cut(token)} is not a number")
     try:
         return float(token)  # type: ignore[arg-type]
     except (ValueError, TypeError):
