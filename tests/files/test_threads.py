@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardwise.files import Format, ParseError, read_records
+from shardwise.files import Format, ParseError, plan, read_records
 from shardwise.files.threads import ordered_map, rank_threads
 
 
@@ -33,6 +33,30 @@ def test_ordered_map_raises_the_first_failure_in_item_order() -> None:
     assert next(results) == 0
     with pytest.raises(ValueError, match="item 1"):
         next(results)
+
+
+def test_ordered_map_raises_a_failure_to_take_an_item_after_the_items_before_it() -> None:
+    def items():
+        yield from range(3)
+        raise OSError("the next file is gone")
+
+    results = ordered_map(lambda x: x, items(), threads=2)
+    assert [next(results) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(OSError, match="gone"):
+        next(results)
+
+
+def test_a_file_gone_after_planning_is_named_after_an_earlier_bad_line(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("1,2\nbad\n3,4\n")
+    (tmp_path / "b.txt").write_text("5,6\n")
+    the_plan = plan([tmp_path / "a.txt", tmp_path / "b.txt"], 1)
+    (tmp_path / "b.txt").unlink()
+    for threads in (1, 2):  # the first error is the same whatever the threads
+        with pytest.raises(ParseError, match="a.txt:2"):
+            read_records(the_plan, Format(), 0, 1, threads=threads)
+    with pytest.raises(FileNotFoundError, match="b.txt is gone: it was there when the load was "
+                                                "planned"):
+        read_records(the_plan, Format(on_error="skip"), 0, 1, threads=2)
 
 
 def test_ordered_map_takes_items_as_threads_free_up() -> None:

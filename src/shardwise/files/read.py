@@ -338,7 +338,14 @@ def _check_last_line_ended(read: ReadRange, source: Source) -> None:
 
 
 def _size_now(source: Source) -> int:
-    return current_size(source) if source.remote else source.fs.size(source.path)
+    if source.remote:
+        return current_size(source)
+    try:
+        return source.fs.size(source.path)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{source.name} is gone: it was there when the load was planned (was it moved or "
+            "deleted during the load?); load it again once it is back") from None
 
 
 def _read_exactly(read: ReadRange, start: int, stop: int, source: Source) -> bytes:

@@ -40,7 +40,8 @@ def ordered_map(fn: Callable[[In], Out], items: Iterable[In], threads: int) -> I
     """``map(fn, items)`` on ``threads`` threads: results in the items' order, each item taken
     from ``items`` (in this thread) only when a thread is about to be free for it, so at most
     ``threads + 1`` items are held at once. An exception is raised where its item's result would
-    have been; the items after it are then cancelled or waited for.
+    have been, one from taking an item after the results of the items before it; the items
+    after it are then cancelled or waited for.
 
     >>> list(ordered_map(lambda x: x * x, range(5), threads=2))
     [0, 1, 4, 9, 16]
@@ -51,8 +52,17 @@ def ordered_map(fn: Callable[[In], Out], items: Iterable[In], threads: int) -> I
         return
     pool = ThreadPoolExecutor(threads, thread_name_prefix="shardwise-parse")
     pending: deque[Future[Out]] = deque()
+    taken = iter(items)
     try:
-        for item in items:
+        while True:
+            try:
+                item = next(taken)
+            except StopIteration:
+                break
+            except Exception:  # (the next file is gone, say): the items before it answer first
+                while pending:
+                    yield pending.popleft().result()
+                raise
             pending.append(pool.submit(fn, item))
             if len(pending) > threads:
                 yield pending.popleft().result()
