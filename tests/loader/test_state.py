@@ -1067,15 +1067,22 @@ def test_a_state_with_worker_streams_resumes_only_on_as_many_worker_processes(
     assert [b.tolist() for b in resumed] == [b.tolist() for b in fresh]
 
 
-def test_a_state_of_a_map_dataset_without_a_state_of_its_own_resumes_on_any_workers():
-    loader = DataLoader(list(range(20)), batch_size=2, shuffle=True, num_workers=2)
+@pytest.mark.parametrize("saved, workers", [(2, 0), (1, 2), (2, 3), (0, 2)])
+@pytest.mark.parametrize("delivered", [0, 3])
+def test_a_state_of_a_map_dataset_without_a_state_of_its_own_resumes_on_any_workers(
+        saved, workers, delivered):
+    def make(num_workers: int) -> DataLoader:
+        return DataLoader(list(range(20)), batch_size=2, shuffle=True, num_workers=num_workers,
+                          generator=torch.Generator().manual_seed(0))
+
+    loader = make(saved)
     iterator = iter(loader)
-    taken = [next(iterator).tolist() for _ in range(3)]
+    taken = [next(iterator).tolist() for _ in range(delivered)]
     state = loader.state_dict()
     rest = [b.tolist() for b in iterator]
-    resumed = DataLoader(list(range(20)), batch_size=2, shuffle=True)
+    resumed = make(workers)
     resumed.load_state_dict(state)
-    assert taken and [b.tolist() for b in resumed] == rest
+    assert [b.tolist() for b in resumed] == rest and len(taken + rest) == 10
 
 
 class Shares(IterableDataset):

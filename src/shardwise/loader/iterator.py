@@ -186,8 +186,11 @@ class LoaderIterator(_BaseDataLoaderIter):
         # pass began before them. Each worker process puts back its own copy's as it starts.
         self._processes = processes = self._num_workers > 0 and loader.worker_type == "process"
         restored = resume.dataset_states if resume is not None and not processes else {}
+        # Saved workers' states fit as many workers (check_fit); with none of their own, they
+        # are left for as many new ones as this loader has.
+        kept = resume.worker_states if resume is not None and resume.streams is not None else None
         self.record.worker_states = (
-            list(resume.worker_states or next_pass_states(loader, None)) if resume is not None
+            list(kept or next_pass_states(loader, None)) if resume is not None
             else next_pass_states(loader, loader._record if not first else None))
         self._dataset_state = restored.get("dataset")  # put back once, by _put_dataset_back
         if resume is None or not resume.within:
