@@ -1205,6 +1205,29 @@ def test_in_order_false_resumes_a_map_dataset_exactly(sampler, recwarn):
     assert not [w for w in recwarn if "in_order" in str(w.message)]
 
 
+def test_an_out_of_order_state_with_batches_ahead_resumes_only_on_their_batch_size():
+    # A shardwise sampler's place resumes on any batch size; the batches delivered ahead of
+    # the slow first one are known by their places among batches of 2.
+    def make(batch_size: int) -> DataLoader:
+        return DataLoader(SlowFirst(), batch_size=batch_size, num_workers=2, in_order=False,
+                          sampler=DistributedSampler(SlowFirst(), 1, 0, shuffle=False))
+
+    loader = make(2)
+    iterator = iter(loader)
+    head = [x for batch in islice(iterator, 2) for x in batch.tolist()]
+    state = loader.state_dict()
+    del iterator
+    assert state["ahead"] and 0 not in head
+    refused = make(4)
+    refused.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="batch_size=2, but this one has batch_size=4.*"
+                                                 "in_order=False delivered ahead"):
+        iter(refused)
+    same = make(2)
+    same.load_state_dict(state)
+    assert sorted(head + [x for batch in same for x in batch.tolist()]) == list(range(12))
+
+
 class Eager(IterableDataset):
     """The state is the dataset's; ``__iter__`` reads it at once (its iterator is no generator)."""
 

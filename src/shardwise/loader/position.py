@@ -224,6 +224,9 @@ def loader_state(loader: Any, record: PassRecord | None, live: Any = None) -> di
     if record.ahead:
         state["ahead"] = [[place - record.prefix, count]
                           for place, count in sorted(record.ahead.items())]
+        if record.route == "sampler":  # its places count batches of this size
+            state["batching"] = {key: value for key, value in batching(loader).items()
+                                 if key in ("batch_sampler", "batch_size")}
     if record.route == "sampler" and not loader.in_order:  # its places are this rank's own
         state["ahead_of"] = _rank_of(sampler)
     state["streams"] = streams = worker_streams(loader)
@@ -299,15 +302,20 @@ def batching(loader: Any) -> dict[str, Any]:
             "batch_size": size, "drop_last": drop_last}
 
 
-def _check_batching(saved: dict[str, Any], loader: Any) -> None:
+def _check_batching(saved: dict[str, Any], loader: Any, ahead: bool) -> None:
     """Refuse a count of batches made otherwise than this loader makes them: passing over as
-    many of its own would repeat or skip samples."""
+    many of its own would repeat or skip samples. (``ahead``: only the places of the batches
+    delivered ahead of earlier ones count batches.)"""
     for key, now in batching(loader).items():
         if key in saved and saved[key] != now:
             hint = (f"a {saved['sampler']} resumes only on the world size it was saved on: "
                     f"resume on {saved[key]} ranks, or use shardwise.DistributedSampler, which "
                     "resumes on any" if key == "num_replicas"
                     else "build the loader as the one that saved it")
+            if ahead:
+                hint += (" (its sampler's place resumes on any batch size, but the later "
+                         "batches that in_order=False delivered ahead of earlier ones are "
+                         "known by their places among batches of that size)")
             raise StateMismatchError(
                 f"the state counts batches of a loader with {key}={saved[key]!r}, but this one "
                 f"has {key}={now!r}: passing over as many of its batches would repeat or skip "
@@ -494,7 +502,9 @@ class Resume:
         over batches made otherwise than those it counted (checked as a pass begins, since
         ``num_workers``, or a dataset's length, may be set after the state is loaded)."""
         if self.batching is not None:
-            _check_batching(self.batching, loader)
+            # (a sampler's place counts samples: only its batches delivered ahead are counted
+            # in batches)
+            _check_batching(self.batching, loader, ahead=self.sampler_placement is not None)
         streams = worker_streams(loader)
         if self.streams is None or self.streams == streams:
             return
@@ -564,9 +574,10 @@ def read_state(loader: Any, state: Any) -> Resume | None:
             # Its places are passed over here too (which of ours were delivered is not known):
             # every rank then resumes with as many batches left, and none waits on the others.
         epoch, restarts = placement(sampler)
+        places = state.get("batching") if common["ahead"] else None
         return Resume(skip=0, resumed_batches=before, randomness={},
                       sampler_placement=(epoch if saved_epoch is None else saved_epoch, restarts),
-                      **common)
+                      batching=places if isinstance(places, dict) else None, **common)
     saved_batching = state.get("batching")
     if not (batches and isinstance(saved_batching, dict)) or (
             route == "iterable" and (datasets or any(workers))):
