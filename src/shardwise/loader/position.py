@@ -480,7 +480,7 @@ class Resume:
             return self
         persistent = loader.persistent_workers
         return replace(self, resumed_batches=0, saved_batches=0, ahead={}, begun=set(),
-                       next_worker=0, ended=[],
+                       next_worker=0, ended=[], batching=None,
                        base_seed=self.base_seed if persistent else None,
                        worker_states=(list(self.worker_states) if persistent
                                       else [None] * len(self.worker_states)))
@@ -501,10 +501,11 @@ class Resume:
         """Refuse to resume on another number of worker processes than the state needs, or
         over batches made otherwise than those it counted (checked as a pass begins, since
         ``num_workers``, or a dataset's length, may be set after the state is loaded)."""
-        if self.batching is not None:
+        batching = self.applied(loader).batching  # (none once its epoch begins anew)
+        if batching is not None:
             # (a sampler's place counts samples: only its batches delivered ahead are counted
             # in batches)
-            _check_batching(self.batching, loader, ahead=self.sampler_placement is not None)
+            _check_batching(batching, loader, ahead=self.sampler_placement is not None)
         streams = worker_streams(loader)
         if self.streams is None or self.streams == streams:
             return
