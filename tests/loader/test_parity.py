@@ -133,6 +133,35 @@ def _reseed_python(worker_id: int) -> None:
     random.seed(100 + worker_id)
 
 
+class MixedTypes(Dataset):
+    """Samples of two types: a worker stacks them into the first one's type, as torch's does."""
+
+    def __init__(self, length: int, types: tuple[torch.dtype, torch.dtype]) -> None:
+        self.length, self.types = length, types
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.ones(self.length, dtype=self.types[index])
+
+
+def _collated(loader_class: type, dataset: Dataset, workers: int) -> object:
+    try:
+        batch = next(iter(loader_class(dataset, batch_size=2, num_workers=workers)))
+    except TypeError as error:  # (from a worker: its traceback, then the error)
+        return str(error).strip().splitlines()[-1].removeprefix("TypeError: ")
+    return batch.dtype, batch.shape
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("length", [0, 10, 2**20])  # (empty; in a slot; larger than one)
+@pytest.mark.parametrize("types", [(torch.float32, torch.float64), (torch.int64, torch.float32)])
+def test_samples_of_other_types_are_stacked_as_torchs(workers, length, types):
+    dataset = MixedTypes(length, types)  # (a float cannot be cast to an int: torch refuses it)
+    assert _collated(DataLoader, dataset, workers) == _collated(TorchLoader, dataset, workers)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_in_order_false_delivers_every_batch_once(workers):
     options = {"batch_size": 3, "num_workers": workers}

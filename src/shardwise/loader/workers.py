@@ -106,8 +106,14 @@ class SlotCollate:
             # torch's own stacking (and error): where the samples are (meta, CUDA), or a layout
             # the slot cannot hold
             return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-        out = self.arena.allocate((len(batch), *elem.shape), elem.dtype) if self.arena else None
-        return torch.stack(batch, 0, out=out)
+        if self.arena is None:  # stacked as torch stacks without workers
+            return torch.stack(batch, 0)
+        # In a worker process torch stacks into a tensor of the first sample's type: others are
+        # cast to it (or refused), whether the batch fits the arena or not.
+        shape = (len(batch), *elem.shape)
+        out = self.arena.allocate(shape, elem.dtype)
+        return torch.stack(batch, 0, out=torch.empty(shape, dtype=elem.dtype) if out is None
+                           else out)
 
 
 def process_worker(conn: Connection, spec: WorkerSpec, worker_id: int, base_seed: int,
