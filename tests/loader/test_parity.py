@@ -200,6 +200,7 @@ def test_conflicting_arguments_raise_torchs_errors(options):
     ({"num_workers": 2, "prefetch_factor": 0}, ValueError, "pass prefetch_factor=1 or more"),
     ({"shuffle": True, "generator": 3}, TypeError, "generator must be a torch.Generator, got 3"),
     ({"num_workers": 1.0}, TypeError, "num_workers must be an int .*got 1.0"),
+    ({"num_workers": 1, "prefetch_factor": 1.5}, TypeError, "prefetch_factor must be an int"),
     ({"timeout": 5}, ValueError, "timeout=5 bounds the wait for workers, but num_workers=0"),
 ], ids=str)
 def test_arguments_torch_fails_on_only_when_iterating_are_refused_at_once(options, error, message):
