@@ -470,6 +470,8 @@ def test_the_fvec_width_comes_from_the_first_line_as_the_parse_reads_it(tmp_path
     with pytest.warns(UserWarning, match="skipped 1 malformed line.*AttributeError"):
         vectors, _ = read_records(path, Format("fvec", parser=match, on_error="skip"), 0, 1)
     assert vectors["id"].tolist() == [1, 2]
+    with pytest.raises(ParseError, match="v.txt:1: AttributeError"):  # (the search stops there)
+        read_records(path, Format("fvec", parser=match), 0, 1)
     path.write_bytes("\ufeff1 0.5 0.25\n2 0.75\n".encode())
     def strict(line: str) -> list:
         first, *values = line.split()

@@ -196,8 +196,12 @@ def first_line_features(lines: Iterable[bytes], fmt: Format) -> int | None:
         else:
             try:
                 fields = len(fmt.parser(text))
-            # Whatever the hook raises makes a bad line, as the parse takes it: passed over here.
-            except Exception:  # noqa: BLE001, S112
+            # Whatever the hook raises makes a bad line, as the parse takes it: passed over here,
+            # or, where a bad line fails the load, the end of the search (the load fails on this
+            # line, or on one before it, whatever the width).
+            except Exception:  # noqa: BLE001
+                if fmt.on_error == "raise":
+                    return None
                 continue
         if fields >= 2:
             return fields - 1

@@ -52,22 +52,23 @@ def ordered_map(fn: Callable[[In], Out], items: Iterable[In], threads: int) -> I
         return
     pool = ThreadPoolExecutor(threads, thread_name_prefix="shardwise-parse")
     pending: deque[Future[Out]] = deque()
-    taken = iter(items)
+    taken, failed = iter(items), None
     try:
         while True:
             try:
                 item = next(taken)
             except StopIteration:
                 break
-            except Exception:  # (the next file is gone, say): the items before it answer first
-                while pending:
-                    yield pending.popleft().result()
-                raise
+            except Exception as error:  # noqa: BLE001 - (its file gone, say): raised after
+                failed = error  # the items before it answer
+                break
             pending.append(pool.submit(fn, item))
             if len(pending) > threads:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+        if failed is not None:
+            raise failed
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

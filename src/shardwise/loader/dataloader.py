@@ -157,10 +157,8 @@ class DataLoader(TorchDataLoader[T_co]):
         )
         # torch fails on these only at iter(): prefetch_factor=0 and a timeout without workers
         # there, a bad generator later.
-        if self.num_workers and (not isinstance(self.prefetch_factor, int)
-                                 or isinstance(self.prefetch_factor, bool)):
-            raise TypeError(f"prefetch_factor must be an int (batches each worker loads ahead), "
-                            f"got {prefetch_factor!r}")
+        if self.num_workers:  # (batches each worker loads ahead)
+            self.prefetch_factor = require_int("prefetch_factor", self.prefetch_factor)
         if self.num_workers and self.prefetch_factor == 0:
             raise ValueError(f"prefetch_factor=0 with num_workers={num_workers} gives the workers "
                              "no batch to fetch: pass prefetch_factor=1 or more (2 by default)")
