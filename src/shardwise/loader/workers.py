@@ -106,12 +106,10 @@ class SlotCollate:
             # torch's own stacking (and error): where the samples are (meta, CUDA), or a layout
             # the slot cannot hold
             return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-        if self.arena is None:  # stacked as torch stacks without workers
-            return torch.stack(batch, 0)
-        # In a worker process torch stacks into a tensor of the first sample's type: others are
-        # cast to it (or refused), whether the batch fits the arena or not.
         shape = (len(batch), *elem.shape)
-        out = self.arena.allocate(shape, elem.dtype)
+        out = self.arena.allocate(shape, elem.dtype) if self.arena else None
+        # As torch's workers stack, into a tensor of the first sample's type: the others are
+        # cast to it (or refused), whether the batch fits the arena or not.
         return torch.stack(batch, 0, out=torch.empty(shape, dtype=elem.dtype) if out is None
                            else out)
 
