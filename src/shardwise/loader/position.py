@@ -302,17 +302,17 @@ def batching(loader: Any) -> dict[str, Any]:
             "batch_size": size, "drop_last": drop_last}
 
 
-def _check_batching(saved: dict[str, Any], loader: Any, ahead: bool) -> None:
+def _check_batching(saved: dict[str, Any], loader: Any, ahead_only: bool) -> None:
     """Refuse a count of batches made otherwise than this loader makes them: passing over as
-    many of its own would repeat or skip samples. (``ahead``: only the places of the batches
-    delivered ahead of earlier ones count batches.)"""
+    many of its own would repeat or skip samples. (``ahead_only``: only the places of the
+    batches delivered ahead of earlier ones count batches; a sampler's place counts samples.)"""
     for key, now in batching(loader).items():
         if key in saved and saved[key] != now:
             hint = (f"a {saved['sampler']} resumes only on the world size it was saved on: "
                     f"resume on {saved[key]} ranks, or use shardwise.DistributedSampler, which "
                     "resumes on any" if key == "num_replicas"
                     else "build the loader as the one that saved it")
-            if ahead:
+            if ahead_only:
                 hint += (" (its sampler's place resumes on any batch size, but the later "
                          "batches that in_order=False delivered ahead of earlier ones are "
                          "known by their places among batches of that size)")
@@ -503,9 +503,7 @@ class Resume:
         ``num_workers``, or a dataset's length, may be set after the state is loaded)."""
         batching = self.applied(loader).batching  # (none once its epoch begins anew)
         if batching is not None:
-            # (a sampler's place counts samples: only its batches delivered ahead are counted
-            # in batches)
-            _check_batching(batching, loader, ahead=self.sampler_placement is not None)
+            _check_batching(batching, loader, ahead_only=self.sampler_placement is not None)
         streams = worker_streams(loader)
         if self.streams is None or self.streams == streams:
             return
