@@ -22,6 +22,7 @@ TOP = 2**63 - 1
         ({"shuffle": "False"}, TypeError, "shuffle must be a bool, got 'False'"),
         ({"drop_last": 2}, TypeError, "drop_last must be a bool, got 2"),
         ({"num_replicas": np.int64(0), "rank": 0}, ValueError, "at least 1, got 0"),
+        ({"num_replicas": 2**64, "rank": 5}, ValueError, "num_replicas must be at most 9223372036854775807"),
         ({"rank": np.int32(4)}, ValueError, "Invalid rank 4"),
     ],
 )
@@ -139,3 +140,8 @@ def test_padding_is_exact_up_to_the_largest_size(size, world, data, layout):
     assert shuffled.padding_mask(start).tolist() == padded
     values = shuffled.indices(start)
     assert ((values >= 0) & (values < size)).all()
+
+
+def test_remainder_drop_says_drop_last_as_torchs_attribute_does():
+    assert DistributedSampler(10, 4, 0, remainder="drop").drop_last is True
+    assert DistributedSampler(10, 4, 0, remainder="uneven").drop_last is False

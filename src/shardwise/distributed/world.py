@@ -25,7 +25,7 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None) -> t
         num_replicas = _discover("WORLD_SIZE", torch_dist.get_world_size, default=1, minimum=1)
     if rank is None:
         rank = _discover("RANK", torch_dist.get_rank, default=0, minimum=0)
-    num_replicas = require_int("num_replicas", num_replicas, minimum=1)
+    num_replicas = require_int("num_replicas", num_replicas, minimum=1, maximum=2**63 - 1)
     rank = require_int("rank", rank)
     if not 0 <= rank < num_replicas:  # torch's DistributedSampler's words, for drop-in use
         raise ValueError(

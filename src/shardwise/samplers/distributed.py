@@ -65,7 +65,7 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         rank: this rank; default: the process group's rank, else ``RANK``, else 0.
         shuffle: shuffle each epoch from ``(seed, epoch)``; else dataset order.
         seed: the same on every rank; any int ``torch.Generator.manual_seed`` takes.
-        drop_last: torch's flag; ``True`` means ``remainder="drop"``.
+        drop_last: torch's flag; ``True`` means ``remainder="drop"`` (which sets it).
         remainder: ``"pad"`` (torch's default: repeat samples so every rank gets as many),
             ``"drop"`` (cut the tail) or ``"uneven"`` (every sample exactly once; rank
             lengths differ by at most one). Train DDP with ``pad`` or ``drop``, which give
@@ -118,6 +118,7 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
                 "pass only one of them"
             )
         self.remainder = require_choice("remainder", remainder, REMAINDERS)
+        self.drop_last = self.remainder == "drop"  # torch's attribute, for those who read it
         self.layout = require_choice("layout", layout, LAYOUTS)
         self.permutation = require_choice("permutation", permutation, PERMUTATIONS)
         if self.shuffle and permutation == "torch" and self.size >= TORCH_ORDER_WARN_SIZE:

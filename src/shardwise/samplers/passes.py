@@ -19,6 +19,7 @@ which indices a stretch of the pass holds (``_take``).
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -35,9 +36,10 @@ CHUNK = 1 << 16
 
 
 class Position(Protocol):
-    """Where a pass starts: at least its epoch."""
+    """Where a pass starts (a frozen dataclass): its epoch, and how far into it."""
 
     epoch: int
+    offset: int
 
 
 class EpochSampler(Sampler[int]):
@@ -67,6 +69,7 @@ class EpochSampler(Sampler[int]):
         self._generation = 0  # counts the moves of set_epoch and load_state_dict
         self._restarts = 0  # counts the epochs set_epoch began anew
         self._chosen = False  # set_epoch was called: passes keep its epoch, as torch's do
+        self._loaded: Any = None  # the position load_state_dict last stood at
         self._stand_at(self._start_of(self._checked_epoch(0)))
 
     @property
@@ -108,9 +111,15 @@ class EpochSampler(Sampler[int]):
         start, the next epoch, as an uninterrupted run goes on; ``set_epoch`` with the saved
         epoch still gives its empty rest, and until a pass begins ``state_dict()`` is the saved
         state. So does ``set_epoch`` with the saved epoch just before: torchdata's loader loads
-        the state after the caller's ``set_epoch``. (A rank whose share ran out before the
-        others' goes on in the epoch.)"""
-        chose_saved_epoch = self._chosen and self._fresh and self._at.epoch == at.epoch
+        the state after the caller's ``set_epoch``, and ``set_epoch`` with another epoch just
+        before wins over the state, as it would after it. (A rank whose share ran out before
+        the others' goes on in the epoch.)"""
+        chose = self._chosen and self._fresh
+        if chose and self._at.epoch != at.epoch:
+            # set_epoch moved on to another epoch before the state came (torchdata's loader
+            # loads it inside iter()): that epoch, whole, as after a load and then set_epoch
+            return
+        chose_saved_epoch = chose and self._at.epoch == at.epoch
         if ended and not chose_saved_epoch:
             try:
                 self._stand_at(self._start_of(self._checked_epoch(at.epoch + 1)))
@@ -119,6 +128,7 @@ class EpochSampler(Sampler[int]):
                 return
         else:
             self._stand_at(at)
+        self._loaded = at
         if ended:
             self._ended = at, dict(state)
 
@@ -182,9 +192,13 @@ class EpochSampler(Sampler[int]):
         if self._fresh:
             return self._at
         if self._chosen:  # a pass already began here: the epoch set_epoch chose, again
-            # (an ended epoch's empty rest stays empty: torchdata's loader begins one and drops it)
-            empty = self._active is not None and self._active.length == 0
-            return self._at if empty else self._start_of(self._at.epoch)
+            # ... but a loaded rest, once run out, stays at its end: torchdata's loader, resuming
+            # a pass that had ended (empty, or its last batch dropped by drop_last), draws that
+            # rest and drops it before the pass it delivers
+            run = self._active
+            if run is not None and (run.length == 0 or run.finished and run.at is self._loaded):
+                return replace(run.at, offset=run.at.offset + run.length)
+            return self._start_of(self._at.epoch)
         # a pass already began here and set_epoch was never called: the next epoch
         return self._start_of(self._checked_epoch(self._at.epoch + 1))
 
