@@ -585,6 +585,48 @@ def batches(loader) -> list:
     return [b.tolist() for b in loader]
 
 
+class NoisyStream(IterableDataset):
+    """A stream whose items each carry a draw from the global torch RNG."""
+
+    def __iter__(self):
+        return (torch.stack([torch.tensor(i), torch.randint(1000, ())]) for i in range(12))
+
+
+@pytest.mark.parametrize("dataset, shuffle", [(Noisy(), True), (NoisyStream(), False)])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_again_before_a_resumed_pass_delivers_resumes_as_the_first(dataset, shuffle,
+                                                                               workers):
+    """The resumed pass replays the saved one's draws first: until then, the global generators
+    it is to give back are the saved ones, not where the replay stands."""
+    def make():
+        return DataLoader(dataset, batch_size=2, shuffle=shuffle, num_workers=workers)
+
+    def resumed(state) -> tuple[list, list]:  # the rest of the pass, and a step's draws
+        torch.manual_seed(7)
+        loader = make()
+        loader.load_state_dict(state)
+        iterator = iter(loader)
+        first = next(iterator).tolist()
+        step = torch.rand(2).tolist()
+        return [first, *values(iterator)], step
+
+    torch.manual_seed(0)
+    loader = make()
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+        torch.rand(1)  # a training step's draw
+    state = json.loads(json.dumps(loader.state_dict()))
+    del iterator
+    torch.manual_seed(7)
+    again = make()
+    again.load_state_dict(state)
+    iterator = iter(again)
+    state_again = again.state_dict()
+    del iterator
+    assert resumed(state_again) == resumed(state)
+
+
 @pytest.mark.parametrize("dataset, shuffle", [(Indexed(), True), (Stream(), False)])
 @pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
 def test_a_state_saved_after_an_epoch_resumes_with_the_next_epoch_whole(dataset, shuffle, workers,

@@ -475,6 +475,12 @@ class LoaderIterator(_BaseDataLoaderIter):
                         "for examples.")
         warnings.warn(message, stacklevel=3)
 
+    @property
+    def pending_global_states(self) -> dict[str, Any] | None:
+        """The process-wide generators' states a resumed pass puts back once it has replayed
+        the saved pass's draws; ``None`` once it has (or if it has none to put back)."""
+        return self._randomness_now
+
     def look_for_end(self) -> None:
         """Draw from the sampler until it ends, as the next ``next()`` would, so that a state
         taken on an epoch's last batch holds the generators as the next epoch finds them (a

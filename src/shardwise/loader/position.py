@@ -218,7 +218,9 @@ def loader_state(loader: Any, record: PassRecord | None, live: Any = None) -> di
             # Where the process-wide generators stand now: a resume replays the pass's own draws,
             # then puts these back, which also hold what the caller drew since (dropout, say),
             # so the rest of the epoch and the ones after it draw as this job would have.
-            state["randomness_now"] = encoded(global_states())
+            # (Until a resumed pass has replayed its draws, they are the ones it will put back.)
+            pending = live.pending_global_states if live is not None else None
+            state["randomness_now"] = encoded(global_states() if pending is None else pending)
             if record.route == "replay":  # what the sampler had drawn by then (a stream's
                 state["taken"] = record.taken  # placeholders draw nothing)
     if record.ahead:
