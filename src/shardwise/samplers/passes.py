@@ -19,8 +19,8 @@ which indices a stretch of the pass holds (``_take``).
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
