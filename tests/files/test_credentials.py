@@ -17,6 +17,13 @@ from shardwise.files.credentials import HIDDEN, hide, public_url, secrets_in
     ("https://host/a.csv?X-Amz-Credential=AKIA1%2F2&X-Amz-Signature=f00d&flag",
      "https://host/a.csv?X-Amz-Credential=***&X-Amz-Signature=***&flag"),
     ("az://container/a.csv", "az://container/a.csv"),
+    # A password may hold '/' (AWS secret keys do) or '@': hidden up to the last '@'.
+    ("s3://AKIAKEYID:wJal/K7MD+bPx@bucket/t/a.csv", "s3://AKIAKEYID:***@bucket/t/a.csv"),
+    ("ftp://me@example.com:p@ss/w0rd@host/a.csv?v=1", "ftp://me@example.com:***@host/a.csv?v=***"),
+    # A port is no password, though a '@' follows in the path.
+    ("http://127.0.0.1:9000/bucket/me@example.com.csv",
+     "http://127.0.0.1:9000/bucket/me@example.com.csv"),
+    ("https://[::1]:8080/a@b.csv", "https://[::1]:8080/a@b.csv"),
     ("data/a?b.csv", "data/a?b.csv"),  # a local name is never a URL, whatever it holds
 ])
 def test_public_url_hides_passwords_and_query_values(url: str, shown: str) -> None:
@@ -39,6 +46,25 @@ def test_secrets_are_found_by_name_at_any_depth_and_inside_connection_strings() 
     # anything, which would blank out words.
     assert not found & {"http://127.0.0.1:9000", "eu-west-1", "acct", "x.net", str(2**20)}
     assert secrets_in("s3://bucket/a.csv", {"key": "ab"}) == frozenset()
+
+
+def test_a_password_holding_a_slash_is_found_whole_and_by_its_parts() -> None:
+    # s3fs reads "AKIAKEYID:wJal" as the bucket, and botocore's error quotes it.
+    assert secrets_in("s3://AKIAKEYID:wJal/K7MD+bPx@bucket/t/", {}) == {
+        "wJal/K7MD+bPx", "wJal", "K7MD+bPx"}
+    assert secrets_in("http://127.0.0.1:9000/bucket/me@example.com.csv", {}) == frozenset()
+
+
+def test_the_command_never_shows_a_url_password_holding_a_slash(capsys) -> None:
+    secret = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+    with pytest.raises(SystemExit) as exit_code:  # the bucket name s3fs reads is refused at once
+        main(["plan", f"s3://AKIAKEYID:{secret}@bucket/t/",
+              "--storage-option", "endpoint_url=http://127.0.0.1:9"])
+    assert exit_code.value.code == 2
+    printed = capsys.readouterr()
+    assert "s3://AKIAKEYID:***@bucket/t/" in printed.err
+    for part in secret.split("/"):
+        assert part not in printed.out + printed.err
 
 
 def test_hide_replaces_each_secret_as_written_or_url_quoted() -> None:

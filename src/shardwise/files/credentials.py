@@ -19,6 +19,10 @@ HIDDEN = "***"
 _SECRET_NAME = re.compile(r"key|secret|token|passw|credential|auth|signature|sas|cookie|session",
                           re.IGNORECASE)
 _NAMED_PART = re.compile(r"([^;&=\s]+)=([^;&\s]+)")  # NAME=value inside a connection string
+# A URL's password: from the first ':' after the user to the last '@' before the query. It may
+# hold '/' (AWS secret keys do), where urlsplit would end the host, and '@'. Digits ending at
+# '/' are a port (http://127.0.0.1:9000/a@b.csv has no password).
+_PASSWORD = re.compile(r"[^:/?#]+://[^/?#:\[\]]*:(?!\d{1,5}(?:[/?#]|$))([^?#]*)@")
 # Shorter values would blank out ordinary words in messages, and protect nothing anyway.
 _SHORTEST_SECRET = 4
 
@@ -28,20 +32,19 @@ def public_url(url: str) -> str:
 
     >>> public_url("https://me:pw@host/a.csv?X-Amz-Signature=abc&v=1")
     'https://me:***@host/a.csv?X-Amz-Signature=***&v=***'
-    >>> public_url("s3://bucket/a.csv"), public_url("data/a.csv")
-    ('s3://bucket/a.csv', 'data/a.csv')
+    >>> public_url("s3://KEY:se/cret@bucket/a.csv"), public_url("data/a.csv")
+    ('s3://KEY:***@bucket/a.csv', 'data/a.csv')
     """
     if "://" not in url:
         return url
+    password = _PASSWORD.match(url)
+    if password:
+        url = f"{url[:password.start(1)]}{HIDDEN}{url[password.end(1):]}"
     parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, host = netloc.rpartition("@")
-        netloc = f"{userinfo.partition(':')[0]}:{HIDDEN}@{host}"
     query = "&".join(f"{name}={HIDDEN}" if equals else name
                      for name, equals, _ in (item.partition("=") for item in parts.query.split("&"))
                      ) if parts.query else ""
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return urlunsplit(parts._replace(query=query))
 
 
 def secrets_in(url: str, storage_options: Mapping[str, Any]) -> frozenset[str]:
@@ -61,8 +64,10 @@ def secrets_in(url: str, storage_options: Mapping[str, Any]) -> frozenset[str]:
         parts = urlsplit(url)
         found.update(value for _, value in parse_qsl(parts.query))
         found.update(item.partition("=")[2] for item in parts.query.split("&"))  # as written
-        if parts.password is not None:
-            found.add(parts.password)
+        password = _PASSWORD.match(url)
+        if password:
+            # A filesystem reads its '/' as a path's and may quote either side (a bucket name).
+            found.update({password[1], *password[1].split("/")})
 
     def visit(name: str, value: Any, secret: bool) -> None:
         secret = secret or bool(_SECRET_NAME.search(name))
