@@ -83,6 +83,7 @@ def test_storage_option_flags_are_parsed_without_echoing_values() -> None:
     assert storage_option('client_kwargs={"region_name": "eu-west-1"}') == (
         "client_kwargs", {"region_name": "eu-west-1"})
     assert storage_option("secret=abc=def") == ("secret", "abc=def")
+    assert storage_option(" s3_additional_kwargs ={}") == ("s3_additional_kwargs", {})
     with pytest.raises(argparse.ArgumentTypeError) as caught:
         storage_option("AKIAONLYAVALUE")
     assert "AKIAONLYAVALUE" not in str(caught.value)
@@ -94,6 +95,26 @@ def test_the_command_never_echoes_a_bad_storage_option(capsys) -> None:
     assert exit_code.value.code == 2
     err = capsys.readouterr().err
     assert "--storage-option: expected KEY=VALUE" in err and "AKIAONLYAVALUE" not in err
+
+
+@pytest.mark.parametrize("text", [
+    "c2VjcmV0LXNlc3Npb24tdG9rZW4tZm9yLXJlcHJv==",  # a base64 secret, padded with '='
+    "wJalrXUtnFEMI/K7MDENG+bPxRfiCY=EXAMPLEKEY", "=AKIAONLYAVALUE", "Secret=AKIAONLYAVALUE",
+])
+def test_a_storage_option_whose_key_is_no_option_name_is_refused_unrepeated(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=VALUE") as caught:
+        storage_option(text)
+    assert all(part not in str(caught.value) for part in text.split("=") if part)
+
+
+def test_the_command_never_echoes_a_secret_that_holds_an_equals_sign(capsys) -> None:
+    secret = "c2VjcmV0LXNlc3Npb24tdG9rZW4tZm9yLXJlcHJv=="
+    with pytest.raises(SystemExit) as exit_code:
+        main(["plan", "s3://bucket/t/", "--storage-option", secret])
+    assert exit_code.value.code == 2
+    printed = capsys.readouterr()
+    assert "--storage-option: expected KEY=VALUE" in printed.err
+    assert secret.rstrip("=") not in printed.out + printed.err
 
 
 def test_the_command_refuses_an_option_given_twice(tmp_path, capsys) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
+
+# fsspec's option names are Python keywords in lower case (endpoint_url, client_kwargs); nested
+# ones go in a JSON value. A secret holding '=' (base64's padding) is no such name, so it is
+# refused rather than passed on as a keyword that the filesystem's error would quote.
+_OPTION_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def add_storage_option(parser: argparse.ArgumentParser) -> None:
@@ -23,20 +29,22 @@ def add_storage_option(parser: argparse.ArgumentParser) -> None:
 def storage_option(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` as a pair, VALUE read as JSON where it is JSON, else kept as text.
 
-    Errors never repeat the text: it may be a secret.
+    KEY must read as an option's name. Errors never repeat the text: it may be a secret.
 
     >>> storage_option("anon=true"), storage_option("endpoint_url=http://127.0.0.1:9000")
     (('anon', True), ('endpoint_url', 'http://127.0.0.1:9000'))
     """
     key, equals, value = text.partition("=")
-    if not (equals and key.strip()):
+    key = key.strip()
+    if not (equals and _OPTION_NAME.fullmatch(key)):
         raise argparse.ArgumentTypeError(
-            "expected KEY=VALUE, such as endpoint_url=http://127.0.0.1:9000 (the value given is "
-            "not repeated here, as it may be a credential)")
+            "expected KEY=VALUE, KEY an fsspec option's name in lower case, such as "
+            "endpoint_url=http://127.0.0.1:9000 (what was given is not repeated here, as it may "
+            "be a credential)")
     try:
-        return key.strip(), json.loads(value)
+        return key, json.loads(value)
     except json.JSONDecodeError:
-        return key.strip(), value
+        return key, value
 
 
 def storage_options(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
