@@ -48,6 +48,20 @@ def test_secrets_are_found_by_name_at_any_depth_and_inside_connection_strings() 
     assert secrets_in("s3://bucket/a.csv", {"key": "ab"}) == frozenset()
 
 
+def test_a_connection_strings_shared_access_signature_is_hidden_whole_and_by_its_values() -> None:
+    signature = ("sv=2022-11-02&ss=b&srt=co&sp=rl&se=2030-01-01T00:00:00Z"
+                 "&sig=AbCdEfSecretSig%2B%3D")
+    string = ("BlobEndpoint=https://acct.blob.core.windows.net/;"
+              f"SharedAccessSignature={signature};AccountKey=base64key==")
+    found = secrets_in("az://container/x.csv", {"connection_string": string})
+    assert found >= {string, signature, "base64key==", "AbCdEfSecretSig%2B%3D"}
+    message = hide(f"bad connection string {string!r}; 403 for "
+                   "https://acct.blob.core.windows.net/container?sig=AbCdEfSecretSig%2B%3D&sv=1",
+                   found)
+    assert "AbCdEfSecretSig" not in message and "base64key" not in message
+    assert "https://acct.blob.core.windows.net/container" in message
+
+
 def test_a_password_holding_a_slash_is_found_whole_and_by_its_parts() -> None:
     # s3fs reads "AKIAKEYID:wJal" as the bucket, and botocore's error quotes it.
     assert secrets_in("s3://AKIAKEYID:wJal/K7MD+bPx@bucket/t/", {}) == {

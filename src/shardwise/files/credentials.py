@@ -16,9 +16,13 @@ from urllib.parse import parse_qsl, quote, quote_plus, urlsplit, urlunsplit
 HIDDEN = "***"
 # Option names whose values are credentials (s3fs key/secret/token, adlfs account_key/sas_token/
 # connection_string, gcsfs token, an Authorization header...), matched anywhere in the name.
-_SECRET_NAME = re.compile(r"key|secret|token|passw|credential|auth|signature|sas|cookie|session",
-                          re.IGNORECASE)
-_NAMED_PART = re.compile(r"([^;&=\s]+)=([^;&\s]+)")  # NAME=value inside a connection string
+_SECRET_NAME = re.compile(
+    r"key|secret|token|passw|credential|auth|signature|sas|cookie|session|conn(?:ection)?_str",
+    re.IGNORECASE)
+_NAMED_PART = re.compile(r"([^;&=\s]+)=([^;&\s]+)")  # NAME=value in a query or a form's body
+# NAME=value in a connection string, the value up to the next ';': a SharedAccessSignature's holds
+# '&' and '=' (sv=...&sig=...), an AccountKey's ends in '='.
+_CONNECTION_PART = re.compile(r"([^;=\s]+)=([^;]+)")
 # A URL's password: from the first ':' after the user to the last '@' before the query. It may
 # hold '/' (AWS secret keys do), where urlsplit would end the host, and '@'. Digits ending at
 # '/' are a port (http://127.0.0.1:9000/a@b.csv has no password).
@@ -51,9 +55,10 @@ def secrets_in(url: str, storage_options: Mapping[str, Any]) -> frozenset[str]:
     """The secret values ``url`` and ``storage_options`` hold.
 
     A URL's password and query values; every value, at any depth, of an option whose name reads
-    like a credential (``key``, ``secret``, ``token``, ``password``, ``account_key``, a header
-    ``Authorization``...); and each ``NAME=value`` part of any option whose ``NAME`` does (an
-    Azure connection string's ``AccountKey=...``).
+    like a credential (``key``, ``secret``, ``token``, ``password``, ``account_key``,
+    ``connection_string``, a header ``Authorization``...); and each ``NAME=value`` part of any
+    option whose ``NAME`` does (an Azure connection string's ``AccountKey=...``, its whole
+    ``SharedAccessSignature=...`` and that query's values).
 
     >>> sorted(secrets_in("https://host/a?sig=s1gn", {"key": "k3y1", "client_kwargs": {
     ...     "endpoint_url": "http://127.0.0.1:9000", "aws_secret_access_key": "s3cr3t"}}))
@@ -61,9 +66,7 @@ def secrets_in(url: str, storage_options: Mapping[str, Any]) -> frozenset[str]:
     """
     found: set[str] = set()
     if "://" in url:
-        parts = urlsplit(url)
-        found.update(value for _, value in parse_qsl(parts.query))
-        found.update(item.partition("=")[2] for item in parts.query.split("&"))  # as written
+        found.update(_query_values(urlsplit(url).query))
         password = _PASSWORD.match(url)
         if password:
             # A filesystem reads its '/' as a path's and may quote either side (a bucket name).
@@ -83,9 +86,18 @@ def secrets_in(url: str, storage_options: Mapping[str, Any]) -> frozenset[str]:
             if isinstance(value, str):
                 found.update(part for key, part in _NAMED_PART.findall(value)
                              if _SECRET_NAME.search(key))
+                for key, part in _CONNECTION_PART.findall(value):
+                    if _SECRET_NAME.search(key):  # whole, and each value of a signature's query
+                        found.update({part.strip(), *_query_values(part.strip())})
 
     visit("", storage_options, False)
     return frozenset(value for value in found if len(value) >= _SHORTEST_SECRET)
+
+
+def _query_values(query: str) -> set[str]:
+    """The values of ``query``'s ``NAME=value`` items, decoded and as written."""
+    return ({value for _, value in parse_qsl(query)}
+            | {item.partition("=")[2] for item in query.split("&")})
 
 
 def hide(text: str, secrets: Iterable[str]) -> str:
