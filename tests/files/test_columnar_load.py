@@ -201,6 +201,26 @@ def test_a_vector_holding_a_null_value_is_a_bad_row_and_empty_files_are_fine(tmp
     assert ids.tolist() == [2, 3] and values.tolist() == [[2.0, 3.0], [4.0, 5.0]]
 
 
+@pytest.mark.parametrize("first", [None, []])
+def test_vectors_are_as_long_as_the_first_that_holds_a_value_as_from_text(tmp_path, first) -> None:
+    """A null or empty first vector is a bad row, passed over as the text loader passes over a
+    first line with no value, even when it is all its row group holds."""
+    pq.write_table(pa.table({"id": [1, 2, 3], "v": pa.array([first, [1.0, 2.0], [3.0, 4.0]],
+                                                             pa.list_(pa.float64()))}),
+                   tmp_path / "v.parquet", row_group_size=1)
+    (tmp_path / "v.txt").write_text("1\n2,1.0,2.0\n3,3.0,4.0\n")
+    with pytest.warns(UserWarning, match="skipped 1 malformed line"):
+        text = load_vectors(tmp_path / "v.txt", on_error="skip")
+    with pytest.warns(UserWarning, match="skipped 1 malformed row"):
+        ids, values = load_vectors(tmp_path / "v.parquet", columns=("id", "v"), on_error="skip")
+    assert ids.tolist() == text.ids.tolist() == [2, 3]
+    assert values.tolist() == text.values.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    pq.write_table(pa.table({"id": [1, 2], "v": pa.array([first, []], pa.list_(pa.float64()))}),
+                   tmp_path / "v.parquet")
+    with pytest.raises(ValueError, match="no vector in column 'v' holds a value; pass features="):
+        load_vectors(tmp_path / "v.parquet", columns=("id", "v"), on_error="skip")
+
+
 def test_ids_the_text_loader_refuses_are_bad_rows_and_other_encodings_are_read(tmp_path) -> None:
     """An unsigned id past 2**63 - 1 or an empty string id is a bad row, named or skipped as a
     bad line is; categorical id columns, and binary ids that are not UTF-8, load."""

@@ -34,7 +34,6 @@ from shardwise.files.columnar import (
     column_names,
     file_schema,
     read_stretches,
-    read_unit,
     say_if_split_by_rows,
 )
 from shardwise.files.ids import hash_together
@@ -73,7 +72,7 @@ def check_columns(columns: Sequence[str], fmt: Format) -> tuple[str, ...]:
 
 def vector_features(the_plan: TablePlan, columns: tuple[str, ...], features: int | None) -> int:
     """How many values each vector holds: one per value column, else ``features``, else the
-    length of the inputs' first list (the same on every rank).
+    length of the inputs' first list that holds a value (the same on every rank).
     """
     first = next((u for u in the_plan.units if u.rows), None)
     if first is None:
@@ -86,12 +85,17 @@ def vector_features(the_plan: TablePlan, columns: tuple[str, ...], features: int
         return len(columns) - 1
     if features is not None:
         return features
-    values = read_unit(first, 0, 1, columns[-1:])[columns[-1]]  # only a list needs decoding
-    length = pc.list_value_length(values)[0].as_py()
-    if not length:
-        raise ValueError(f"{first.source.name}: the first vector in column {columns[1]!r} is "
-                         "empty; pass features= to say how many values every vector holds")
-    return length
+    # A null or empty vector is a bad row, passed over as the text loader passes over a line with
+    # no value; only the list column is decoded, a row group at a time until one holds a value.
+    stretches = [(unit, 0, unit.rows) for unit in the_plan.units if unit.rows]
+    with closing(read_stretches(stretches, columns[-1:])) as tables:
+        for table in tables:
+            lengths = pc.list_value_length(table[columns[-1]])
+            held = pc.filter(lengths, pc.greater(lengths, 0))  # (a null vector's length is null)
+            if len(held):
+                return held[0].as_py()
+    raise ValueError(f"no vector in column {columns[-1]!r} holds a value; pass features= to say "
+                     "how many values every vector holds")
 
 
 def read_table_records(
