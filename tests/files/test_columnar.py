@@ -79,6 +79,15 @@ def test_an_input_without_rows_gives_empty_tables_and_no_warning(tmp_path, recwa
     assert not recwarn.list
 
 
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_no_columns_count_the_rows_of_every_rank(tmp_path, kind):
+    """columns=[] reads no column, but a table of no columns still has its rows, as in pyarrow."""
+    write_inputs(tmp_path, [[2, 2, 2, 1]], kind)
+    for world in (1, 2, 4):
+        tables = [read_table(tmp_path, rank, world, columns=[]) for rank in range(world)]
+        assert sum(t.num_rows for t in tables) == 7 and all(t.num_columns == 0 for t in tables)
+
+
 def test_feather_files_are_arrow_ipc(tmp_path):
     feather.write_feather(pa.table({"id": [1, 2, 3]}), tmp_path / "t.feather",
                           compression="uncompressed")

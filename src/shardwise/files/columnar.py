@@ -262,6 +262,8 @@ def read_table(
         pieces = [piece.cast(pa.schema([field.with_type(kind) for field, kind in
                                         zip(piece.schema, types)], piece.schema.metadata))
                   for piece in pieces]
+    if not schema.names:  # (columns=[]: concat_tables counts no rows in tables of no columns)
+        return pa.Table.from_batches([b for piece in pieces for b in piece.to_batches()], schema)
     return pa.concat_tables(pieces, promote_options="default")
 
 
