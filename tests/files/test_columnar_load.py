@@ -166,6 +166,30 @@ def test_bad_columns_are_named(tmp_path, columns, error, says) -> None:
         load_graph(tmp_path, "fmap", columns=columns)
 
 
+@pytest.mark.parametrize("row_groups", [0, 1])
+def test_columns_are_checked_whatever_the_rows(tmp_path, row_groups) -> None:
+    """No row to check them by: an input of no row group, or of one of no rows, and a rank with
+    no rows of its own, check the columns by the footer."""
+    path, schema = tmp_path / "e.parquet", pa.schema([("x", pa.int64()), ("y", pa.string())])
+    with pq.ParquetWriter(path, schema) as out:
+        for _ in range(row_groups):
+            out.write_table(schema.empty_table())
+    lacking = "e.parquet has no column 'nope': its columns are x, y"
+    with pytest.raises(ValueError, match=lacking):
+        load_graph(path, "fmap", columns=("x", "nope"))
+    with pytest.raises(ValueError, match=lacking):
+        load_vectors(path, columns=("x", "nope"))
+    with pytest.raises(TypeError, match="id column 'y' holds string, not integers"):
+        load_graph(path, "fmap", columns=("x", "y"))
+    with pytest.raises(TypeError, match="column 'y' holds string, not numbers"):
+        load_vectors(path, columns=("x", "y"))
+    pq.write_table(pa.table({"x": [1], "y": ["a"]}), path)  # one row, read by rank 1 of 2
+    with pytest.raises(TypeError, match="id column 'y' holds string, not integers"):
+        read_records(path, Format("fmap"), 0, 2, columns=("x", "y"))
+    pq.write_table(pa.table({"x": [], "y": []}), path)  # pandas writes an empty frame's as nulls
+    assert load_graph(path, "fmap", columns=("x", "y")).num_edges == 0
+
+
 def test_columnar_and_text_inputs_do_not_mix_and_text_takes_no_columns(tmp_path) -> None:
     pq.write_table(pa.table({"src": [1], "dst": [2]}), tmp_path / "e.parquet")
     (tmp_path / "f.csv").write_text("1,2\n")

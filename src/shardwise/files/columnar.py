@@ -240,7 +240,7 @@ def read_table(
     else:
         plan = table_plan(paths, world_size, storage_options=storage_options)
     say_if_split_by_rows(plan, rank)
-    model = _check_one_schema(plan, columns)
+    model, _ = check_one_schema(plan, columns)
     # (an empty piece adds nothing, whatever its types: pandas writes an empty frame's text as
     # nulls)
     shared = [stretch for stretch in plan.share(rank) if stretch[2] > stretch[1]]
@@ -297,12 +297,14 @@ def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
         return [Unit(source, i, rows, stored) for i, (rows, stored) in enumerate(batches)], schema
 
 
-def _check_one_schema(plan: TablePlan, columns: Sequence[str] | None) -> Source:
-    """Refuse inputs whose columns (those named) differ in names or types, on every rank alike:
-    a rank reads some of the files, but the plan holds every file's footer. Types that differ
-    only in the layout of text or lists are alike (see ``widest``); a file with no rows adds
-    nothing, whatever its types (pandas writes an empty frame's text as nulls). Returns the
-    file whose columns the table has (the first with rows, else the first)."""
+def check_one_schema(plan: TablePlan, columns: Sequence[str] | None
+                     ) -> tuple[Source, pa.Schema | None]:
+    """Refuse inputs whose columns (those named) differ in names or types, or lack one named, on
+    every rank alike and whatever the rows (none at all, too): a rank reads some of the files,
+    but the plan holds every file's footer. Types that differ only in the layout of text or
+    lists are alike (see ``widest``); a file with no rows adds nothing, whatever its types
+    (pandas writes an empty frame's text as nulls). Returns the file whose columns the table has
+    (the first with rows, else the first) and its schema (None in a plan made without them)."""
     def shape(schema: pa.Schema) -> list[tuple[str, pa.DataType | None]]:
         names = schema.names if columns is None else [c for c in columns if "." not in c]
         return [(name, widest(schema.field(name).type) if name in schema.names else None)
@@ -312,18 +314,17 @@ def _check_one_schema(plan: TablePlan, columns: Sequence[str] | None) -> Source:
     for unit in plan.units:
         rows[unit.source] = rows.get(unit.source, 0) + unit.rows
     model = next((source for source in plan.sources if rows.get(source)), plan.sources[0])
-    held = [(source, schema) for source, schema in zip(plan.sources, plan.schemas)
-            if rows.get(source)]  # (a plan made without schemas holds none: checked as read)
-    if not held:
-        return model
-    (first, expected), top_level = held[0], [c for c in columns or () if "." not in c]
-    _check_has(first, expected, top_level)  # (told alike on every rank, not only where read)
-    for source, schema in held:
-        if shape(schema) != shape(expected):
-            raise ValueError(f"{source.name} has columns {schema.names} of types {schema.types}, "
-                             f"unlike {first.name} ({expected.names}, {expected.types}); give "
-                             "files of one schema")
-    return model
+    if not plan.schemas:  # (a plan made without the footers' schemas: checked as read)
+        return model, None
+    schemas = dict(zip(plan.sources, plan.schemas))
+    expected = schemas[model]
+    _check_has(model, expected, [c for c in columns or () if "." not in c])
+    for source in plan.sources:
+        if rows.get(source) and shape(schemas[source]) != shape(expected):
+            raise ValueError(f"{source.name} has columns {schemas[source].names} of types "
+                             f"{schemas[source].types}, unlike {model.name} ({expected.names}, "
+                             f"{expected.types}); give files of one schema")
+    return model, expected
 
 
 def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Schema:

@@ -40,6 +40,7 @@ from shardwise.files.route import exchange_groups, group_by_owner
 from shardwise.files.sources import Paths, StorageOptions
 from shardwise.files.tables import (
     check_columns,
+    check_schema,
     read_table_records,
     stretch_bytes,
     vector_features,
@@ -165,6 +166,7 @@ def _prepared(the_plan: Plan | TablePlan, fmt: Format, columns: Sequence[str] | 
                             if fmt.pattern == "fvec" else
                             "columns=('src', 'dst') or columns=('src', 'dst', 'weight')"))
     columns = check_columns(columns, fmt)
+    check_schema(the_plan, fmt, columns)
     if fmt.pattern == "fvec":
         fmt = replace(fmt, features=vector_features(the_plan, columns, fmt.features))
     return fmt, columns

@@ -14,7 +14,8 @@ A null in a named column, an id the text loader would refuse too (an empty strin
 integer past 2**63 - 1), or a vector of the wrong length or holding a null, is a bad row:
 ``on_error="raise"`` raises ``ParseError`` naming its file and row (counted from 1 in the file,
 as lines are); ``"skip"`` counts it and goes on. A column of the wrong type, or one the file
-lacks, is an error naming it whatever ``on_error`` says, as no row of that input can be right.
+lacks, is an error naming it whatever ``on_error`` says, as no row of that input can be right:
+told by the footers before any row is read, so on every rank, whatever rows there are.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from shardwise.files.arrow_types import is_text
 from shardwise.files.columnar import (
     TablePlan,
     Unit,
+    check_one_schema,
     column_names,
     file_schema,
     read_stretches,
@@ -98,6 +100,26 @@ def vector_features(the_plan: TablePlan, columns: tuple[str, ...], features: int
                      "how many values every vector holds")
 
 
+def check_schema(the_plan: TablePlan, fmt: Format, columns: tuple[str, ...]) -> None:
+    """Refuse ``columns`` that the inputs lack, or hold in a type unfit for their role, by the
+    footers: on every rank alike, whatever the rows (a rank with none of its own, or inputs with
+    none at all, have no row to check them by)."""
+    model, schema = check_one_schema(the_plan, columns)
+    if schema is None or any("." in c for c in columns):  # (a nested field's path: by its file)
+        schema = file_schema(model, columns)
+    table = _named_columns(schema.empty_table(), columns)
+    for role, name in enumerate(columns):
+        kind = table.schema.field(name).type
+        if pa.types.is_null(kind) and not the_plan.total_rows:
+            continue  # no rows, no type: pandas writes an empty frame's text as nulls
+        if role < (1 if fmt.pattern == "fvec" else 2):
+            _check_id_type(kind, name, fmt, model.name)
+        elif fmt.pattern == "fvec" and len(columns) == 2 and _is_list(kind):
+            _check_numbers(kind.value_type, name, model.name)
+        else:
+            _check_numbers(kind, name, model.name)
+
+
 def read_table_records(
     the_plan: TablePlan, rank: int, fmt: Format, columns: tuple[str, ...]
 ) -> Iterator[tuple[Parsed, int]]:
@@ -131,10 +153,7 @@ def table_records(table: pa.Table, fmt: Format, columns: tuple[str, ...], name: 
     """
     if table.num_rows == 0:  # whatever its columns' types (a table of empty lists has nulls)
         return Parsed((np.empty(0, np.int64),), 0, 0, ())
-    while any(pa.types.is_struct(kind) for kind in table.schema.types) and not set(
-            columns) <= set(table.column_names):
-        table = table.flatten()  # a nested field's path ("st.x") names a flattened column
-    table = _dictionaries_decoded(table, columns)
+    table = _named_columns(table, columns)
     bad_rows = np.zeros(table.num_rows, dtype=bool)
     for column in columns:
         bad_rows |= _nulls(table[column])
@@ -175,12 +194,7 @@ def _ids(table: pa.Table, names: Sequence[str], fmt: Format, file: str,
     are marked in ``bad_rows``: ``_bad_row`` says why.
     """
     for name in names:
-        kind = table[name].type
-        if fmt.ids == "int" and not pa.types.is_integer(kind):
-            hint = " (pass ids='str' for text ids)" if is_text(kind) else ""
-            raise TypeError(f"{file}: id column {name!r} holds {kind}, not integers{hint}")
-        if fmt.ids != "int" and not (is_text(kind) or pa.types.is_integer(kind)):
-            raise TypeError(f"{file}: id column {name!r} holds {kind}, not text or integers")
+        _check_id_type(table[name].type, name, fmt, file)
     if fmt.ids == "int":
         columns = []
         for name in names:
@@ -201,6 +215,14 @@ def _ids(table: pa.Table, names: Sequence[str], fmt: Format, file: str,
 _INT64_MAX = 2**63 - 1
 
 
+def _check_id_type(kind: pa.DataType, name: str, fmt: Format, file: str) -> None:
+    if fmt.ids == "int" and not pa.types.is_integer(kind):
+        hint = " (pass ids='str' for text ids)" if is_text(kind) else ""
+        raise TypeError(f"{file}: id column {name!r} holds {kind}, not integers{hint}")
+    if fmt.ids != "int" and not (is_text(kind) or pa.types.is_integer(kind)):
+        raise TypeError(f"{file}: id column {name!r} holds {kind}, not text or integers")
+
+
 def _id_bytes(column: pa.ChunkedArray) -> pa.ChunkedArray:
     if pa.types.is_integer(column.type):
         column = column.cast(pa.string())
@@ -212,8 +234,12 @@ def _true(mask: pa.ChunkedArray) -> np.ndarray:
     return to_numpy(pc.fill_null(mask, False).cast(pa.int32())).astype(bool)
 
 
-def _dictionaries_decoded(table: pa.Table, columns: Sequence[str]) -> pa.Table:
-    """``table`` with its named dictionary-encoded (categorical) columns as plain values."""
+def _named_columns(table: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``table`` with its named columns at the top level (a nested field's path, ``st.x``, names
+    a flattened column), those dictionary-encoded (categorical) as plain values."""
+    while any(pa.types.is_struct(kind) for kind in table.schema.types) and not set(
+            columns) <= set(table.column_names):
+        table = table.flatten()
     for name in columns:
         kind = table.schema.field(name).type if name in table.column_names else None
         if kind is not None and pa.types.is_dictionary(kind):
@@ -223,10 +249,13 @@ def _dictionaries_decoded(table: pa.Table, columns: Sequence[str]) -> pa.Table:
 
 
 def _floats(column: pa.ChunkedArray, name: str, file: str) -> np.ndarray:
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-            or pa.types.is_decimal(column.type)):
-        raise TypeError(f"{file}: column {name!r} holds {column.type}, not numbers")
+    _check_numbers(column.type, name, file)
     return _filled(column, pa.float64(), 0.0)
+
+
+def _check_numbers(kind: pa.DataType, name: str, file: str) -> None:
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
+        raise TypeError(f"{file}: column {name!r} holds {kind}, not numbers")
 
 
 def _vectors(table: pa.Table, fmt: Format, columns: tuple[str, ...], bad_rows: np.ndarray,
