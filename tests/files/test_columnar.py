@@ -190,6 +190,20 @@ def test_files_differing_only_in_the_layout_of_text_or_lists_read_as_one_table(t
         read_table(tmp_path, 0, 1)
 
 
+@pytest.mark.filterwarnings("ignore:.*rows are split")
+@pytest.mark.parametrize("world", [1, 2, 5])
+def test_every_rank_gives_the_widest_layout_of_all_the_files(tmp_path, world):
+    """A rank that reads only the pyarrow part, or nothing, gives large_string too: the ranks'
+    tables join as one."""
+    pq.write_table(pa.table({"s": ["a", "b"], "n": [1, 2]}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"s": pa.array(["c", "d"], pa.large_string()), "n": [3, 4]}),
+                   tmp_path / "part-1.parquet")
+    tables = [read_table(tmp_path, rank, world) for rank in range(world)]
+    assert all(t.schema.types == [pa.large_string(), pa.int64()] for t in tables)
+    assert pa.concat_tables(tables).to_pydict() == {"s": ["a", "b", "c", "d"], "n": [1, 2, 3, 4]}
+    assert read_table(tmp_path, 0, world, columns=["n"]).schema.types == [pa.int64()]
+
+
 def test_a_parquet_files_nested_field_may_be_named_by_its_path(tmp_path):
     table = pa.table({"id": [1, 2], "st": [{"x": 0, "y": 1}, {"x": 2, "y": 3}]})
     pq.write_table(table, tmp_path / "n.parquet")

@@ -224,7 +224,7 @@ def read_table(
     opened with ``storage_options``; each rank requests only its own row groups' bytes (and the
     footers). Parts whose columns differ only in the layout of text or lists (pyarrow's
     ``string`` and polars' ``large_string``) come back in the widest layout (``large_string``,
-    ``large_binary``, ``large_list``).
+    ``large_binary``, ``large_list``) on every rank, whichever parts it reads.
 
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -240,13 +240,12 @@ def read_table(
     else:
         plan = table_plan(paths, world_size, storage_options=storage_options)
     say_if_split_by_rows(plan, rank)
-    model, _ = check_one_schema(plan, columns)
+    model, _, layouts = check_one_schema(plan, columns)
     # (an empty piece adds nothing, whatever its types: pandas writes an empty frame's text as
     # nulls)
     shared = [stretch for stretch in plan.share(rank) if stretch[2] > stretch[1]]
-    pieces = list(read_stretches(shared, columns))
-    if not pieces:  # nothing for this rank: an empty table of the inputs' columns
-        return file_schema(model, columns).empty_table()
+    # (nothing for this rank: an empty table of the inputs' columns)
+    pieces = list(read_stretches(shared, columns)) or [file_schema(model, columns).empty_table()]
     schema = pieces[0].schema
     types = [widest(kind) for kind in schema.types]
     for (unit, _, _), piece in zip(shared, pieces):
@@ -258,7 +257,9 @@ def read_table(
             raise ValueError(f"{unit.source.name} has columns {piece.schema.names} of types "
                              f"{piece.schema.types}, unlike the inputs before it "
                              f"({schema.names}, {schema.types}); give files of one schema")
-    if any(piece.schema.types != schema.types for piece in pieces):
+    # The widest layout where any file with rows has another, not only one this rank read: every
+    # rank's table has the same types.
+    if layouts or any(piece.schema.types != schema.types for piece in pieces):
         pieces = [piece.cast(pa.schema([field.with_type(kind) for field, kind in
                                         zip(piece.schema, types)], piece.schema.metadata))
                   for piece in pieces]
@@ -298,33 +299,37 @@ def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
 
 
 def check_one_schema(plan: TablePlan, columns: Sequence[str] | None
-                     ) -> tuple[Source, pa.Schema | None]:
+                     ) -> tuple[Source, pa.Schema | None, bool]:
     """Refuse inputs whose columns (those named) differ in names or types, or lack one named, on
     every rank alike and whatever the rows (none at all, too): a rank reads some of the files,
     but the plan holds every file's footer. Types that differ only in the layout of text or
     lists are alike (see ``widest``); a file with no rows adds nothing, whatever its types
     (pandas writes an empty frame's text as nulls). Returns the file whose columns the table has
-    (the first with rows, else the first) and its schema (None in a plan made without them)."""
-    def shape(schema: pa.Schema) -> list[tuple[str, pa.DataType | None]]:
+    (the first with rows, else the first), its schema (None in a plan made without them), and
+    whether the files with rows hold those columns in more than one layout."""
+    def shape(schema: pa.Schema, as_held: bool = False) -> list[tuple[str, pa.DataType | None]]:
+        """The named columns and their types: in the widest layout, unless ``as_held``."""
         names = schema.names if columns is None else [c for c in columns if "." not in c]
-        return [(name, widest(schema.field(name).type) if name in schema.names else None)
-                for name in names]  # (a nested field's path is checked as it is read)
+        kinds = [schema.field(name).type if name in schema.names else None for name in names]
+        return [(name, kind if as_held or kind is None else widest(kind))
+                for name, kind in zip(names, kinds)]  # (a nested field's path: checked as read)
 
     rows: dict[Source, int] = {}
     for unit in plan.units:
         rows[unit.source] = rows.get(unit.source, 0) + unit.rows
     model = next((source for source in plan.sources if rows.get(source)), plan.sources[0])
     if not plan.schemas:  # (a plan made without the footers' schemas: checked as read)
-        return model, None
+        return model, None, False
     schemas = dict(zip(plan.sources, plan.schemas))
-    expected = schemas[model]
+    expected, held = schemas[model], [source for source in plan.sources if rows.get(source)]
     _check_has(model, expected, [c for c in columns or () if "." not in c])
-    for source in plan.sources:
-        if rows.get(source) and shape(schemas[source]) != shape(expected):
+    for source in held:
+        if shape(schemas[source]) != shape(expected):
             raise ValueError(f"{source.name} has columns {schemas[source].names} of types "
                              f"{schemas[source].types}, unlike {model.name} ({expected.names}, "
                              f"{expected.types}); give files of one schema")
-    return model, expected
+    return model, expected, any(shape(schemas[source], True) != shape(expected, True)
+                                for source in held)
 
 
 def file_schema(source: Source, columns: Sequence[str] | None = None) -> pa.Schema:

@@ -104,7 +104,7 @@ def check_schema(the_plan: TablePlan, fmt: Format, columns: tuple[str, ...]) -> 
     """Refuse ``columns`` that the inputs lack, or hold in a type unfit for their role, by the
     footers: on every rank alike, whatever the rows (a rank with none of its own, or inputs with
     none at all, have no row to check them by)."""
-    model, schema = check_one_schema(the_plan, columns)
+    model, schema, _ = check_one_schema(the_plan, columns)
     if schema is None or any("." in c for c in columns):  # (a nested field's path: by its file)
         schema = file_schema(model, columns)
     table = _named_columns(schema.empty_table(), columns)
