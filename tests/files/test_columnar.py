@@ -41,7 +41,7 @@ def write_inputs(folder: Path, groups: list[list[int]], kind: str = "parquet") -
 
 
 @settings(max_examples=60, deadline=None)
-@given(groups=st.lists(st.lists(st.integers(1, 40), max_size=4), min_size=1, max_size=4),
+@given(groups=st.lists(st.lists(st.integers(0, 40), max_size=4), min_size=1, max_size=4),
        world=st.integers(1, 6), kind=st.sampled_from(["parquet", "arrow"]))
 def test_every_row_is_read_by_exactly_one_rank_in_order(tmp_path_factory, groups, world, kind):
     folder = tmp_path_factory.mktemp("inputs")
@@ -49,6 +49,7 @@ def test_every_row_is_read_by_exactly_one_rank_in_order(tmp_path_factory, groups
     shares = [read_table(folder, rank, world, columns=["id"])["id"].to_pylist()
               for rank in range(world)]
     assert [i for share in shares for i in share] == ids  # each once, ranks in order
+    assert all(shares) or len(ids) < world  # no rank idle, a row group of no rows no work
     plan = table_plan(folder, world)
     if not plan.by_rows:  # whole row groups: each rank reads only units of its own
         assert sum(len(plan.share(r)) for r in range(world)) == len(plan.units)
@@ -107,6 +108,17 @@ def test_small_row_groups_in_front_of_a_large_one_leave_no_rank_idle(tmp_path):
     write_inputs(tmp_path, [[10, 10, 3000]])  # the old rule gave rank 0 all three
     plan = table_plan(tmp_path, 3)
     assert [[u.index for u, _, _ in plan.share(r)] for r in range(3)] == [[0], [1], [2]]
+
+
+@pytest.mark.parametrize("empty_first", [True, False])
+def test_row_groups_of_no_rows_leave_no_rank_idle(tmp_path, empty_first):
+    """An empty file's row group is no work: 2 row groups with rows for 3 ranks split rows."""
+    write_inputs(tmp_path, [[0], [450, 450]] if empty_first else [[450, 450], [0]])
+    with pytest.warns(UserWarning, match=r"2 row group\(s\) for 3 ranks: rows are split"):
+        assert [read_table(tmp_path, r, 3).num_rows for r in range(3)] == [300, 300, 300]
+    plan = table_plan(tmp_path, 2)  # whole row groups, one with rows each
+    assert not plan.by_rows and [sum(e - s for _, s, e in plan.share(r)) for r in range(2)] == [
+        450, 450]
 
 
 def test_bad_inputs_are_named(tmp_path):
@@ -240,20 +252,22 @@ def test_files_of_other_schemas_are_refused_on_every_rank(tmp_path, world_size):
             read_table(tmp_path, rank, world_size, columns=["name"])
 
 
+@pytest.mark.filterwarnings("ignore:.*rows are split")
 def test_an_empty_part_of_other_types_adds_nothing(tmp_path):
     """pandas writes an empty frame's text column as nulls."""
     pq.write_table(pa.table({"id": [1, 2], "s": ["a", "b"]}), tmp_path / "part-0.parquet")
     pq.write_table(pa.table({"id": pa.array([], pa.int32()), "s": pa.array([], pa.null())}),
                    tmp_path / "part-1.parquet")
-    tables = [read_table(tmp_path, rank, 2) for rank in range(2)]
-    assert [t.num_rows for t in tables] == [2, 0]
-    assert tables[1].schema.types == [pa.int64(), pa.string()]  # the first file's columns
+    tables = [read_table(tmp_path, rank, 3) for rank in range(3)]
+    assert [t.num_rows for t in tables] == [0, 1, 1]
+    assert tables[0].schema.types == [pa.int64(), pa.string()]  # the first file's columns
 
 
+@pytest.mark.filterwarnings("ignore:.*rows are split")
 def test_an_empty_first_part_does_not_set_the_types_of_a_rank_with_nothing(tmp_path):
     pq.write_table(pa.table({"id": pa.array([], pa.int32()), "s": pa.array([], pa.null())}),
                    tmp_path / "part-0.parquet")
     pq.write_table(pa.table({"id": [1, 2], "s": ["a", "b"]}), tmp_path / "part-1.parquet")
-    tables = [read_table(tmp_path, rank, 2) for rank in range(2)]
-    assert [t.num_rows for t in tables] == [0, 2]
+    tables = [read_table(tmp_path, rank, 3) for rank in range(3)]
+    assert [t.num_rows for t in tables] == [0, 1, 1]
     assert tables[0].schema == tables[1].schema  # the columns of the file with rows

@@ -4,9 +4,10 @@ A Parquet file is a run of row groups, an Arrow IPC file a run of record batches
 reads whole, decoding nothing it does not keep. The units of all inputs, in order, are dealt to
 the ranks as contiguous runs balanced by their compressed bytes (each rank in turn takes units
 while the middle of the next one falls within an equal share of the bytes still to deal, and at
-least one), so every unit is read by exactly one rank and no rank is idle. With fewer units than
-ranks that would leave ranks idle, so the rows are split instead: rank ``r`` reads rows
-``[R*r//W, R*(r+1)//W)`` of the ``R`` rows, slicing them out of the units that hold them.
+least one with rows), so every unit is read by exactly one rank and no rank is idle. With fewer
+units with rows than ranks that would leave ranks idle, so the rows are split instead: rank
+``r`` reads rows ``[R*r//W, R*(r+1)//W)`` of the ``R`` rows, slicing them out of the units that
+hold them.
 
 URLs (``s3://``, ``gs://``...) are opened with ``storage_options``, as by the text loader: every
 request (a listing, a footer, a column chunk) is retried on transient errors and names the object
@@ -95,10 +96,16 @@ class TablePlan:
         world_size = require_int("world_size", world_size, minimum=1)
         return self if world_size == self.world_size else replace(self, world_size=world_size)
 
+    @cached_property
+    def units_with_rows(self) -> int:
+        """How many units hold rows: one of none (an empty file's) is no work for a rank."""
+        return sum(1 for unit in self.units if unit.rows)
+
     @property
     def by_rows(self) -> bool:
-        """Whether rows are split inside units (fewer units than ranks) rather than whole units."""
-        return len(self.units) < self.world_size
+        """Whether rows are split inside units (fewer units with rows than ranks) rather than
+        whole units."""
+        return self.units_with_rows < self.world_size
 
     @cached_property
     def _row_starts(self) -> np.ndarray:
@@ -110,21 +117,23 @@ class TablePlan:
 
         Each rank in turn takes units while the middle of the next one falls within its equal
         share of the bytes still to deal (the rest over the ranks still to serve), and at least
-        one while every later rank can still have one: a few small units in front of a large
-        one leave no rank idle, and each rank's bytes stay within a unit of an equal share.
+        one with rows while every later rank can still have one: a few small units in front of
+        a large one, or units of no rows, leave no rank idle, and each rank's bytes stay within a
+        unit of an equal share.
         """
-        sizes, count, world = [u.bytes for u in self.units], len(self.units), self.world_size
-        bounds, left = [0], sum(sizes)
+        sizes, world = [u.bytes for u in self.units], self.world_size
+        bounds, left, filled = [0], sum(sizes), self.units_with_rows  # (those still to deal)
         for rank in range(world - 1):
-            start = end = bounds[-1]
+            end, before = bounds[-1], filled
             taken, target = 0, left / (world - rank)
-            while count - end > world - rank - 1 and (
-                    end == start or taken + sizes[end] / 2 <= target):
+            while filled > world - rank - 1 and (
+                    filled == before or taken + sizes[end] / 2 <= target):
                 taken += sizes[end]
+                filled -= self.units[end].rows > 0
                 end += 1
             bounds.append(end)
             left -= taken
-        bounds.append(count)
+        bounds.append(len(self.units))
         return bounds
 
     @property
@@ -272,9 +281,10 @@ def say_if_split_by_rows(plan: TablePlan, rank: int) -> None:
     """Warn (on rank 0 only) when there are fewer row groups than ranks, so rows are split."""
     if plan.total_rows and plan.by_rows and rank == 0:
         warnings.warn(
-            f"{len(plan.units)} row group(s) for {plan.world_size} ranks: rows are split inside "
-            "row groups so that no rank is idle, and a rank decodes each row group it shares "
-            "whole; write smaller row groups (row_group_size=) for each rank to read only its own",
+            f"{plan.units_with_rows} row group(s) for {plan.world_size} ranks: rows are split "
+            "inside row groups so that no rank is idle, and a rank decodes each row group it "
+            "shares whole; write smaller row groups (row_group_size=) for each rank to read only "
+            "its own",
             stacklevel=3)
 
 
