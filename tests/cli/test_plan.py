@@ -3,10 +3,15 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardwise import DistributedSampler
-from shardwise.cli import main
+from shardwise.cli import build_parser, main
+from shardwise.cli.plan import plan_epochs
+from shardwise.order import FeistelOrder
 
 
 def plan_json(capsys, *flags):
@@ -152,3 +157,47 @@ def test_far_more_ranks_than_samples_lists_each_repeated_sample_once(capsys):
                      "feistel", "--max-ranks", "3")
     first = plan["epochs"][0]
     assert first["repeated"] == list(range(10)) and first["repeated_count"] == 10
+
+
+def test_a_trillion_ranks_one_sample_over_list_the_first_repeats(capsys):
+    size, world = 10**12 + 1, 10**12
+    (epoch,) = plan_json(capsys, "--size", str(size), "--world-size", str(world),
+                         "--permutation", "feistel", "--epochs", "1")["epochs"]
+    assert epoch["padding"] == epoch["repeated_count"] == world - 1
+    # More than are listed: the first ones padding repeats, which are the order's first samples.
+    first = FeistelOrder(size, seed=0, epoch=0).take(np.arange(20)).tolist()
+    assert epoch["repeated"] == first and epoch["dropped_count"] == 0
+
+
+def test_a_trillion_ranks_one_sample_short_list_the_first_drops(capsys):
+    size, world = 2 * 10**12 - 1, 10**12
+    (epoch,) = plan_json(capsys, "--size", str(size), "--world-size", str(world), "--permutation",
+                         "feistel", "--epochs", "1", "--remainder", "drop")["epochs"]
+    assert epoch["dropped_count"] == world - 1 and epoch["repeated_count"] == 0
+    tail = FeistelOrder(size, seed=0, epoch=0).take(np.arange(world, world + 20)).tolist()
+    assert epoch["dropped"] == tail
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(0, 60), world=st.integers(1, 40), epoch=st.integers(0, 3),
+       remainder=st.sampled_from(["pad", "drop", "uneven"]),
+       permutation=st.sampled_from(["torch", "feistel", None]))
+def test_listed_repeats_and_drops_are_those_of_every_ranks_whole_pass(
+        size, world, epoch, remainder, permutation):
+    flags = ["plan", "--size", str(size), "--world-size", str(world), "--epochs", str(epoch + 1),
+             "--remainder", remainder, "--max-batches", "1", "--seed", "7"]
+    flags += ["--permutation", permutation] if permutation else ["--no-shuffle"]
+    plan = plan_epochs(build_parser().parse_args(flags))[epoch]
+    seen, repeated = set(), set()
+    for rank in range(world):
+        sampler = DistributedSampler(size, world, rank, shuffle=permutation is not None, seed=7,
+                                     remainder=remainder, permutation=permutation or "torch")
+        sampler.set_epoch(epoch)
+        indices, pads = sampler.indices(), sampler.padding_mask()
+        seen.update(indices.tolist())
+        repeated.update(indices[pads].tolist())
+    dropped = set(range(size)) - seen
+    for listed, count, whole in ((plan.repeated, plan.repeated_count, repeated),
+                                 (plan.dropped, plan.dropped_count, dropped)):
+        assert count == len(whole) and len(listed) == min(count, 20)
+        assert listed == sorted(whole) if count <= 20 else set(listed) <= whole

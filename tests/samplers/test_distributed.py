@@ -11,6 +11,7 @@ from torch.utils.data import DistributedSampler as TorchSampler
 
 import shardwise.samplers.distributed as distributed_module
 from shardwise import DistributedSampler
+from shardwise.order import FeistelOrder
 
 configs = st.fixed_dictionaries({
     "size": st.integers(0, 120),
@@ -94,6 +95,29 @@ def test_indices_slices_and_padding_mask_agree_with_iteration(cfg, data):
     else:  # dropping the masked positions of every rank leaves each sample exactly once
         kept = Counter(i for s in all_ranks(cfg) for i, pad in zip(s, s.padding_mask()) if not pad)
         assert sorted(kept.elements()) == list(range(cfg["size"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(configs, st.integers(0, 50))
+def test_repeated_and_dropped_with_a_limit_are_the_first_of_the_whole_lists(cfg, limit):
+    sampler = all_ranks(cfg)[0]
+    for distinct in (False, True):
+        whole = sampler.repeated(distinct=distinct).tolist()
+        assert sampler.repeated(distinct=distinct, limit=limit).tolist() == whole[:limit]
+    assert sampler.dropped(limit=limit).tolist() == sampler.dropped().tolist()[:limit]
+
+
+def test_a_limit_lists_repeats_and_drops_of_a_trillion_ranks_through_the_permutation():
+    size, world = 10**12 + 1, 10**12
+    over = [DistributedSampler(size, world, rank, seed=3, permutation="feistel")
+            for rank in range(4)]
+    # Rank r > 0 holds positions r and r + world, which wraps around to position r - 1.
+    assert over[0].repeated(limit=3).tolist() == [s.indices(1, 2)[0] for s in over[1:]]
+    assert [s.padding_mask().tolist() for s in over] == [[False, False]] + [[False, True]] * 3
+    under = DistributedSampler(2 * world - 1, world, 0, seed=3, remainder="drop",
+                               permutation="feistel")
+    tail = FeistelOrder(2 * world - 1, seed=3, epoch=0).take(np.arange(world, world + 2))
+    assert under.dropped(limit=2).tolist() == tail.tolist()
 
 
 def test_padding_mask_marks_torchs_repeats():

@@ -64,9 +64,11 @@ class EpochPlan:
     ranks: list[RankEpoch]  # the ranks shown
     ranks_not_shown: int
     padding: int  # positions filled by padding repeats, all ranks together
-    repeated: list[int]  # samples that padding repeats (the first _MAX_LISTED)
+    # Samples that padding repeats and that no rank sees this epoch: all, sorted, when at most
+    # _MAX_LISTED; else the first _MAX_LISTED in the order the pass repeats or drops them.
+    repeated: list[int]
     repeated_count: int
-    dropped: list[int]  # samples no rank sees this epoch (the first _MAX_LISTED)
+    dropped: list[int]
     dropped_count: int
     lengths: list[int]  # the ranks' sample counts, which differ by at most one
 
@@ -182,16 +184,24 @@ def plan_epochs(args: argparse.Namespace) -> list[EpochPlan]:
             sampler.set_epoch(epoch)
         columns = _batch_columns(samplers, args.batch_size, args.max_batches)
         ranks = [_rank_epoch(sampler, args.batch_size, columns) for sampler in samplers]
-        total, dropped = samplers[0].total_size, samplers[0].dropped()
-        repeated = np.unique(samplers[0].repeated(distinct=True)).tolist()
+        total = samplers[0].total_size
+        padding, dropped = max(0, total - args.size), max(0, args.size - total)
+        repeated = min(padding, args.size)  # distinct samples: padding wraps around the epoch
         epochs.append(EpochPlan(
-            epoch, ranks, ranks_not_shown=args.world_size - len(shown),
-            padding=max(0, total - args.size), repeated=repeated[:_MAX_LISTED],
-            repeated_count=len(repeated),
-            dropped=sorted(dropped.tolist())[:_MAX_LISTED], dropped_count=len(dropped),
+            epoch, ranks, ranks_not_shown=args.world_size - len(shown), padding=padding,
+            repeated=_listed(samplers[0].repeated(distinct=True, limit=_MAX_LISTED), repeated),
+            repeated_count=repeated,
+            dropped=_listed(samplers[0].dropped(limit=_MAX_LISTED), dropped),
+            dropped_count=dropped,
             lengths=sorted({total // args.world_size, -(-total // args.world_size)}),
         ))
     return epochs
+
+
+def _listed(first: np.ndarray, count: int) -> list[int]:
+    """All ``count`` samples sorted when they fit the listing, else the first in the pass's order:
+    the smallest of W - 1 shuffled samples could only be found by computing them all."""
+    return sorted(first.tolist()) if count <= _MAX_LISTED else first.tolist()
 
 
 def _batch_columns(samplers: list[DistributedSampler], batch_size: int, most: int) -> list[int]:

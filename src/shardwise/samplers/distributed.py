@@ -221,30 +221,39 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         start, stop = bounds(start, stop, self.pass_length)
         return self._positions(self._at, start, stop) >= self._at.segments.length
 
-    def dropped(self) -> np.ndarray:
-        """The samples no rank takes in this pass: only ``remainder="drop"`` leaves any (< W).
+    def dropped(self, limit: int | None = None) -> np.ndarray:
+        """The samples no rank takes in this pass: only ``remainder="drop"`` leaves any (< W);
+        ``limit``: only the first ``limit`` of them, the only ones computed.
 
         >>> DistributedSampler(7, 3, 0, shuffle=False, drop_last=True).dropped().tolist()
         [6]
         """
         length = self._at.segments.length
         kept = split_total(length, self.num_replicas, self.remainder)
-        positions = np.arange(min(kept, length), length, dtype=np.int64)
-        return self._order_of(self._at.epoch).take(self._at.segments.take(positions))
+        return self._samples_at(min(kept, length), length, limit)
 
-    def repeated(self, distinct: bool = False) -> np.ndarray:
+    def repeated(self, distinct: bool = False, limit: int | None = None) -> np.ndarray:
         """The samples that padding hands out again in this pass, one entry per repeat (< W);
-        ``distinct``: each such sample once (at most the pass's length, whatever W is).
+        ``distinct``: each such sample once (at most the pass's length, whatever W is);
+        ``limit``: only the first ``limit`` of them, the only ones computed.
 
         >>> DistributedSampler(7, 3, 0, shuffle=False).repeated().tolist()
         [0, 1]
         >>> DistributedSampler(2, 10**12, 0, shuffle=False).repeated(distinct=True).tolist()
         [0, 1]
+        >>> DistributedSampler(10**12 + 1, 10**12, 0, shuffle=False).repeated(limit=3).tolist()
+        [0, 1, 2]
         """
         length = self._at.segments.length
         extra = max(0, split_total(length, self.num_replicas, self.remainder) - length)
-        count = min(extra, length) if distinct else extra
-        positions = np.arange(count, dtype=np.int64) % max(length, 1)
+        return self._samples_at(0, min(extra, length) if distinct else extra, limit)
+
+    def _samples_at(self, start: int, stop: int, limit: int | None) -> np.ndarray:
+        """The samples at split positions ``[start, stop)`` of this pass, wrapped around its
+        length as padding wraps; only the first ``limit`` of them if given."""
+        if limit is not None:  # W - 1 positions can be 10**12: the rest are never built
+            stop = min(stop, start + require_int("limit", limit, minimum=0))
+        positions = np.arange(start, stop, dtype=np.int64) % max(self._at.segments.length, 1)
         return self._order_of(self._at.epoch).take(self._at.segments.take(positions))
 
     # -- checks across ranks -------------------------------------------------------------------
