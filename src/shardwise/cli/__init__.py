@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from collections.abc import Sequence
 
 from shardwise import __version__
@@ -48,8 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings_in_cli_words(prog), quiet_when_the_reader_goes():
             return int(COMMANDS[args.command].run(args) or 0)
     except (ValueError, TypeError, OSError) as error:
-        parser.exit(2, f"{prog}: error: {in_cli_words(str(error))}\n")
+        failure = 2, f"{prog}: error: {in_cli_words(str(error))}\n"
     except LaunchError as error:  # a rank died or hung: not the input's fault
-        parser.exit(1, f"{prog}: error: {in_cli_words(str(error))}\n")
+        failure = 1, f"{prog}: error: {in_cli_words(str(error))}\n"
     except KeyboardInterrupt:
-        parser.exit(130, f"{prog}: interrupted\n")
+        failure = 130, f"{prog}: interrupted\n"
+    # Exit once the handler is left and what the error's frames held is collected: a pyarrow
+    # reader freed as the interpreter shuts down can abort it (apache/arrow#34314).
+    gc.collect()
+    parser.exit(*failure)
