@@ -108,11 +108,11 @@ class DistributedSampler(EpochSampler, TorchDistributedSampler):
         self.num_replicas, self.rank = resolve_world(num_replicas, rank)
         # None is False, as torch's sampler takes it (a wrapper's unset option, say)
         self.shuffle = require_bool("shuffle", False if shuffle is None else shuffle)
-        self.drop_last = require_bool("drop_last", False if drop_last is None else drop_last)
+        drop_last = require_bool("drop_last", False if drop_last is None else drop_last)
         self.seed = require_int("seed", seed, minimum=SEED_MIN, maximum=SEED_MAX)
         if remainder is None:
-            remainder = "drop" if self.drop_last else "pad"
-        elif self.drop_last and remainder != "drop":
+            remainder = "drop" if drop_last else "pad"
+        elif drop_last and remainder != "drop":
             raise ValueError(
                 f"drop_last=True means remainder='drop' but remainder={remainder!r} was given; "
                 "pass only one of them"

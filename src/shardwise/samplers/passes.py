@@ -119,8 +119,7 @@ class EpochSampler(Sampler[int]):
             # set_epoch moved on to another epoch before the state came (torchdata's loader
             # loads it inside iter()): that epoch, whole, as after a load and then set_epoch
             return
-        chose_saved_epoch = chose and self._at.epoch == at.epoch
-        if ended and not chose_saved_epoch:
+        if ended and not chose:  # (set_epoch chose the saved epoch: its empty rest)
             try:
                 self._stand_at(self._start_of(self._checked_epoch(at.epoch + 1)))
             except ValueError:  # the last epoch the seed allows: stay at its end
