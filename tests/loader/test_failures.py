@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -98,8 +99,9 @@ class Exits(Dataset):
 
 
 @pytest.mark.timeout(60)
-def test_a_thread_worker_that_raises_system_exit_raises_it_here_as_no_workers_would(clean):
-    loader = DataLoader(Exits(), batch_size=2, num_workers=2, worker_type="thread")
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_a_worker_that_raises_system_exit_raises_it_here_as_no_workers_would(worker_type, clean):
+    loader = DataLoader(Exits(), batch_size=2, num_workers=2, worker_type=worker_type)
     iterator = iter(loader)
     assert next(iterator).tolist() == [0, 1] and next(iterator).tolist() == [2, 3]
     with pytest.raises(SystemExit, match="sample 5 ends the program"):
@@ -107,6 +109,40 @@ def test_a_thread_worker_that_raises_system_exit_raises_it_here_as_no_workers_wo
     assert next(iterator).tolist() == [6, 7]  # the pass goes on, as after any failed batch
     with pytest.raises(SystemExit, match="sample 5 ends the program"):
         list(TorchLoader(Exits(), batch_size=2))
+
+
+class RaisesGiven(Dataset):
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 5:
+            raise self.error(f"sample {index} is corrupt")
+        return torch.tensor(index)
+
+
+@pytest.mark.parametrize("where", ["__getitem__", "worker_init_fn"])
+def test_an_exception_whose_class_cannot_be_pickled_arrives_named(where, clean):
+    class LocalError(Exception):  # defined in a function: pickle cannot find it by name
+        pass
+
+    def init(worker_id: int) -> None:
+        raise LocalError(f"worker {worker_id} cannot start")
+
+    loader = DataLoader(RaisesGiven(LocalError), batch_size=2, num_workers=1,
+                        worker_init_fn=init if where == "worker_init_fn" else None)
+    with pytest.raises(RuntimeError) as raised:
+        list(loader)
+    message = str(raised.value)
+    assert "raised LocalError, whose class cannot be pickled" in message
+    assert "in DataLoader worker process 0" in message and "Traceback" in message
+    if where == "__getitem__":
+        assert "while loading indices [4, 5]" in message and "sample 5 is corrupt" in message
+    else:
+        assert "worker 0 cannot start" in message
 
 
 class Endless(torch.utils.data.IterableDataset):
@@ -549,6 +585,23 @@ def test_dropping_a_loader_stops_its_workers_with_no_garbage_collection(persiste
         gc.enable()
 
 
+@pytest.mark.parametrize("workers, worker_type", [(0, "process"), (2, "process"), (2, "thread")])
+def test_a_pass_dropped_after_a_failed_batch_is_freed_with_no_garbage_collection(
+        workers, worker_type, clean):
+    """Raising a dataset's error makes no reference cycle through the pass: dropped, it stops."""
+    gc.disable()
+    try:
+        iterator = iter(DataLoader(Failing(), batch_size=4, num_workers=workers,
+                                   worker_type=worker_type))
+        alive = weakref.ref(iterator)
+        with pytest.raises(ValueError, match="sample 7 is corrupt"):
+            list(iterator)
+        del iterator
+        assert alive() is None and _children() == []
+    finally:
+        gc.enable()
+
+
 class FreedWhere:
     """Garbage in a cycle (only a collection frees it) that notes which process freed it."""
 
@@ -747,14 +800,15 @@ def test_a_pass_left_while_a_slow_sample_loads_stops_its_stages_and_workers_at_o
     for step, _ in enumerate(slow_loader()):
         if step == 3:  # the stage thread now waits for batch 4, the slow one
             break
-    def staged() -> list[str]:
-        return [thread.name for thread in threading.enumerate()
-                if thread.name == "shardwise-background"]
-
     started = time.monotonic()
-    while (_children() or staged()) and time.monotonic() - started < 5:
+    while (_children() or _staged()) and time.monotonic() - started < 5:
         time.sleep(0.05)
-    assert not _children() and not staged()  # within seconds, not the 30 the sample takes
+    assert not _children() and not _staged()  # within seconds, not the 30 the sample takes
+
+
+def _staged() -> list[str]:
+    return [thread.name for thread in threading.enumerate()
+            if thread.name == "shardwise-background"]
 
 
 @pytest.mark.timeout(60)
@@ -788,4 +842,63 @@ def test_a_timeout_leaves_a_pass_with_a_pinning_stage_going(slow_loader, clean):
             timeouts += 1
     assert timeouts >= 1 and batch.tolist() == [8, 9]
     assert [b.tolist() for b in iterator][0] == [10, 11]
+    del iterator
+
+
+@pytest.mark.timeout(60)
+def test_a_pass_dropped_after_a_timeout_stops_its_stages_and_workers_at_once(slow_loader, clean):
+    iterator = iter(slow_loader(timeout=3))
+    for _ in range(4):
+        next(iterator)
+    with pytest.raises(RuntimeError, match="timed out after 3 seconds"):
+        next(iterator)  # batch 4 holds the 30 s sample
+    del iterator  # the stage goes on waiting for it, but no longer for this pass
+    started = time.monotonic()
+    while (_children() or _staged()) and time.monotonic() - started < 10:
+        time.sleep(0.05)
+    assert time.monotonic() - started < 2  # not at the next timeout, 3 s on
+
+
+class LargeMessages(Dataset):
+    """With ``fails``, batch 1 fails with an error text of 1 MiB: a message that large."""
+
+    def __init__(self, fails: bool) -> None:
+        self.fails = fails
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, index: int) -> int:
+        if index == BIG_BATCH and self.fails:
+            time.sleep(0.3)  # long enough for this process to be sending the next long task
+            raise ValueError("x" * 2**20)
+        return index
+
+
+BIG_BATCH = 100_000
+
+
+def _arrays_each(samples: list[int]) -> list:
+    import numpy
+
+    return [numpy.full(1, sample) for sample in samples]  # a batch of 100k arrays: a long message
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("large", ["error", "batch of many arrays"])
+def test_a_worker_sending_a_large_message_while_given_long_tasks_does_not_hang(large, clean):
+    """A worker writing a large message waits for this process to read it, and this process
+    never waits for a worker to read its long lists of indices: neither waits for the other."""
+    collate_fn = _arrays_each if large != "error" else None
+    loader = DataLoader(LargeMessages(large == "error"), batch_size=BIG_BATCH, num_workers=1, timeout=10,
+                        collate_fn=collate_fn)
+    iterator = iter(loader)
+    assert len(next(iterator)) == BIG_BATCH
+    if large == "error":
+        with pytest.raises(ValueError, match="x" * 1000):
+            next(iterator)
+    else:
+        second = next(iterator)
+        assert [int(a[0]) for a in second[::10_000]] == list(range(BIG_BATCH, 2 * BIG_BATCH,
+                                                                   10_000))
     del iterator

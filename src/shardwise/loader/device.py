@@ -50,6 +50,10 @@ class Background(Iterator[Any]):
                     continue
             if self._stopping.is_set() or not (item[0] or _goes_on(item[1])):
                 return
+            # Not held while the next one is fetched: an error raised in the caller's thread
+            # (a timeout, which the pass goes on past) gets a traceback there, whose frames
+            # hold the pass, and a pass dropped after it would live on until the next item.
+            del item
 
     def ready(self) -> bool:
         """Whether ``next`` returns (or raises) at once."""
@@ -64,7 +68,10 @@ class Background(Iterator[Any]):
         ok, value = self._items.get()
         if ok:
             return value
-        raise value
+        try:
+            raise value
+        finally:  # (else this frame, in the error's traceback, holds the error: a cycle)
+            del value
 
     def close(self) -> None:
         """Stop the thread (after the item it is working on) and wait for it."""
@@ -115,7 +122,10 @@ class ToDevice(Iterator[tuple[Any, int]]):
         self._next = None
         if isinstance(ready, Exception):
             self._next = None if _goes_on(ready) else _ENDED  # (a timeout: asked again, it waits)
-            raise ready
+            try:
+                raise ready
+            finally:  # (else this frame, in the error's traceback, holds the error: a cycle)
+                del ready
         if ready is _ENDED:
             self._next = _ENDED
             raise StopIteration

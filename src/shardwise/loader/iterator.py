@@ -15,7 +15,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from torch._utils import ExceptionWrapper
@@ -67,10 +67,16 @@ class _Failed:
 
     error: BaseException | ExceptionWrapper  # raised here, or in a worker
 
-    def raise_error(self) -> NoReturn:
-        if isinstance(self.error, ExceptionWrapper):
+    def exception(self) -> BaseException:
+        """The error to raise: a worker's made as torch makes it, with no traceback yet (the
+        frame that made it would hold it, a cycle that keeps a dropped pass alive)."""
+        if not isinstance(self.error, ExceptionWrapper):
+            return self.error
+        try:
             self.error.reraise()
-        raise self.error
+        except BaseException as error:  # noqa: BLE001 - every kind is the dataset's to raise
+            return error.with_traceback(None)
+        raise AssertionError("ExceptionWrapper.reraise returned")
 
 
 class LoaderIterator(_BaseDataLoaderIter):
@@ -414,7 +420,12 @@ class LoaderIterator(_BaseDataLoaderIter):
             if isinstance(batch, _Failed):
                 # A dataset's error fails only its batch: the pass goes on, and so does its
                 # position (a resume does not read that batch again, nor the ones after it twice).
-                batch.raise_error()
+                error = batch.exception()
+                del batch  # (nor does this frame, in its traceback, hold it: a pass dropped
+                try:       # after a failed batch stops its workers at once)
+                    raise error
+                finally:
+                    del error
             self.clock.waited(time.perf_counter() - asked)
             self._loader._on_batch(self)
             if self._told_length is not None and self.record.batches > self._told_length:
@@ -515,7 +526,10 @@ class LoaderIterator(_BaseDataLoaderIter):
         # made lists); tensors from worker processes were copied out into pinned memory, and stay.
         if self._loader._pinning and not isinstance(batch, _Failed):
             batch = pin_batch(batch)
-        return batch, count
+        try:
+            return batch, count
+        finally:  # a dataset error's frames here lead back to this one: it must not hold it
+            del batch
 
     def _next_from_workers(self) -> tuple[Any, int]:
         while True:

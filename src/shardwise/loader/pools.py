@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import reduction
@@ -29,7 +30,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.position import dataset_states, keeps_states
-from shardwise.loader.transport import SharedSlot, receive, send, unpack
+from shardwise.loader.transport import SharedSlot, framed, receive, unpack
 from shardwise.loader.workers import WorkerSpec, process_worker, task_failure
 from shardwise.switches import OffWhileUsed
 
@@ -160,7 +161,13 @@ _PICKLE_HINT = (
 
 
 class ProcessPool:
-    """Worker processes, each fed tasks on its own pipe and returning batches in shared memory."""
+    """Worker processes, each fed tasks on its own pipe and returning batches in shared memory.
+
+    This process never waits for a worker to read what it sends: what a pipe cannot take yet
+    waits in the worker's outbox and goes while this process waits for batches. (Else a long
+    list of indices sent to a worker busy sending a large message, an error's long text, say,
+    would leave each waiting for the other.)
+    """
 
     def __init__(self, spec: WorkerSpec, base_seed: int, shared_seed: int | None, context: Any,
                  pin: bool, states: list[dict[str, Any] | None], new_passes: list[bool]
@@ -172,7 +179,12 @@ class ProcessPool:
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.slots: list[list[SharedSlot | None]] = []
+        self._outboxes: list[deque[memoryview]] = []
         self._epoch = 0
+        # One poller for the pipes and the process sentinels, made once: a dead worker wakes it.
+        self._poller = select.poll()
+        self._pipes: dict[int, int] = {}
+        self._sentinels: dict[int, int] = {}
         with _COLLECTION.off() as collecting:
             for worker in range(spec.num_workers):
                 ours, theirs = context.Pipe(duplex=True)
@@ -194,30 +206,50 @@ class ProcessPool:
                 self.conns.append(ours)
                 self.procs.append(proc)
                 self.slots.append([None] * spec.slots)
-        # One poller for the pipes and the process sentinels, made once: a dead worker wakes it.
-        self._poller = select.poll()
-        self._pipes = {conn.fileno(): worker for worker, conn in enumerate(self.conns)}
-        self._sentinels = {proc.sentinel: worker for worker, proc in enumerate(self.procs)}
-        for fd in (*self._pipes, *self._sentinels):
-            self._poller.register(fd, select.POLLIN)
+                self._outboxes.append(deque())
+                self._pipes[ours.fileno()] = self._sentinels[proc.sentinel] = worker
+                self._poller.register(ours.fileno(), select.POLLIN)
+                self._poller.register(proc.sentinel, select.POLLIN)
 
     def submit(self, worker: int, task_id: int, index: Any) -> None:
         self._send(worker, ("task", task_id, index))
 
     def _send(self, worker: int, message: tuple) -> None:
+        outbox = self._outboxes[worker]
+        outbox.append(memoryview(framed(message)))
+        if len(outbox) == 1:
+            self._flush(worker)
+
+    def _flush(self, worker: int) -> None:
+        """Write what the worker's pipe takes now of its outbox; wait on the pipe for the rest."""
+        outbox, fd = self._outboxes[worker], self.conns[worker].fileno()
+        os.set_blocking(fd, False)  # (this process's end alone: the worker's stays blocking)
         try:
-            send(self.conns[worker], message)
+            while outbox:
+                written = os.write(fd, outbox[0])
+                if written < len(outbox[0]):
+                    outbox[0] = outbox[0][written:]
+                else:
+                    outbox.popleft()
+        except BlockingIOError:
+            pass  # the pipe is full: the rest goes when the worker has read some
         except OSError:  # its end of the pipe closed: it died (with batches still to read)
             raise WorkerDied(self._death_notice(worker)) from None
+        finally:
+            os.set_blocking(fd, True)
+        self._poller.modify(fd, select.POLLIN | (select.POLLOUT if outbox else 0))
 
     def receive(self, timeout: float | None) -> Event | None:
         """The next thing any worker sent; ``None`` when ``timeout`` seconds pass first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            ready = [fd for fd, _ in self._poller.poll(left)]
-            if not ready:
+            polled = self._poller.poll(left)
+            if not polled:
                 return None
+            for worker in (self._pipes[fd] for fd, mask in polled if mask & select.POLLOUT):
+                self._flush(worker)
+            ready = [fd for fd, mask in polled if mask & ~select.POLLOUT]
             for worker in (self._pipes[fd] for fd in ready if fd in self._pipes):
                 try:
                     event = self._read(worker)
@@ -299,10 +331,10 @@ class ProcessPool:
         """Stop every worker: ``grace`` seconds to finish the sample at hand, then it is killed."""
         if os.getpid() != self._pid:  # a forked child's exit: the workers are not its own
             return
-        for conn in self.conns:
-            try:
-                send(conn, ("stop",))
-            except OSError:
+        for worker in range(len(self.conns)):
+            try:  # (behind a task the worker has not read, it comes too late: killed after grace)
+                self._send(worker, ("stop",))
+            except WorkerDied:
                 pass  # already gone
         deadline = time.monotonic() + grace
         try:
@@ -319,7 +351,7 @@ class ProcessPool:
                 for slot in slots:
                     if slot is not None:
                         slot.close()
-            self.conns, self.procs, self.slots = [], [], []
+            self.conns, self.procs, self.slots, self._outboxes = [], [], [], []
 
     def _death_notice(self, worker: int) -> str:
         proc = self.procs[worker]

@@ -18,6 +18,7 @@ import io
 import mmap
 import os
 import pickle
+import struct
 import tempfile
 import weakref
 from multiprocessing.connection import Connection
@@ -134,6 +135,20 @@ def send(conn: Connection, message: Any) -> None:
     table torch has extended costs more than the rest of a batch's messages together.
     """
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def framed(message: Any) -> bytes:
+    """``message`` as :func:`send` writes it to a pipe (a length, then the pickle), for a writer
+    that cannot wait for the pipe to take it all (see ``ProcessPool``); :func:`receive` reads it.
+
+    >>> frame = framed("hi")
+    >>> int.from_bytes(frame[:4], "big") == len(frame) - 4
+    True
+    """
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(payload) > 0x7FFFFFFF:  # as Connection.send_bytes: a -1, then a 64-bit length
+        return struct.pack("!iQ", -1, len(payload)) + payload
+    return struct.pack("!i", len(payload)) + payload
 
 
 def receive(conn: Connection) -> Any:

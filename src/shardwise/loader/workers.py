@@ -169,7 +169,8 @@ class _ProcessWorker:
             elif states.get("ended"):  # its stream ended with its last batch
                 self.fetcher.ended = True
         except Exception:  # noqa: BLE001 - reported with the first task, as torch does
-            self.init_failure = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+            self.init_failure = sendable(
+                ExceptionWrapper(where=f"in DataLoader worker process {worker_id}"))
         if spec.reports_start:  # the main process waits for this, as torchdata's does
             # A failure is raised there at once; a persistent worker then makes its fetcher at
             # the next epoch, as torch's does.
@@ -255,7 +256,9 @@ class _ProcessWorker:
             message = ("batch", task_id, slot_id, data, offsets, time.perf_counter() - started,
                        states)
             payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # may fail: here
-        except Exception as error:  # noqa: BLE001 - the caller re-raises it, with this traceback
+        # Any exception is re-raised by the caller, SystemExit too, as worker threads do (a
+        # process ended by it would be reported dead, with neither its indices nor its traceback)
+        except BaseException as error:  # noqa: BLE001
             if isinstance(error, StopIteration) and self.spec.kind == _DatasetKind.Iterable:
                 # This worker's share of the stream is used up; its dataset may have reset.
                 message = ("end", task_id, self._states())
@@ -263,7 +266,7 @@ class _ProcessWorker:
                 failure = _unpicklable(states, self.worker_id)
                 after = None
                 if failure is None:  # the data failed: its dataset's states go on past it
-                    failure = task_failure(self.worker_id, index)
+                    failure = sendable(task_failure(self.worker_id, index))
                     after = self._sendable_states()
                 message = ("error", task_id, failure, time.perf_counter() - started, after)
         finally:
@@ -302,6 +305,27 @@ class _ProcessWorker:
         send(self.conn, ("slot", slot_id, slot.size))
         reduction.send_handle(self.conn, slot.fd, self.parent)
         return slot
+
+
+def sendable(failure: ExceptionWrapper) -> ExceptionWrapper:
+    """``failure`` as it can reach the main process: an exception whose class does not pickle
+    (one defined in a function, say) arrives as a ``RuntimeError`` that names it.
+
+    >>> class Local(Exception): pass
+    >>> try:
+    ...     raise Local("sample 3 is corrupt")
+    ... except Local:
+    ...     failure = sendable(ExceptionWrapper(where="in DataLoader worker process 0"))
+    >>> failure.exc_type.__name__, failure.where
+    ('RuntimeError', 'in DataLoader worker process 0 (raised Local, whose class cannot be pickled)')
+    """
+    try:
+        pickle.dumps(failure.exc_type)
+    except Exception:  # noqa: BLE001 - whatever stops it, the class stays in this process
+        failure.where += (f" (raised {failure.exc_type.__name__}, whose class cannot be "
+                          "pickled)")
+        failure.exc_type = RuntimeError
+    return failure
 
 
 def _unpicklable(states: dict[str, Any] | None, worker_id: int) -> ExceptionWrapper | None:
