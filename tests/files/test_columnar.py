@@ -129,6 +129,8 @@ def test_bad_inputs_are_named(tmp_path):
     pq.write_table(pa.table({"id": ["one"]}), tmp_path / "y.parquet")
     with pytest.raises(ValueError, match="y.parquet has columns"):
         read_table([tmp_path / "x.parquet", tmp_path / "y.parquet"], 0, 1)
+    with pytest.raises(ValueError, match="world_size must be at least 1, got 0"):
+        read_table(tmp_path / "x.parquet", 0, 0)  # named as the caller names it
 
 
 @pytest.mark.parametrize("kind", ["parquet", "arrow"])

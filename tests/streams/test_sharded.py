@@ -109,6 +109,8 @@ def test_exactly_one_source_is_given():
         shard_iterable(range(3), shards=[range(3)], rank=0, world_size=1)
     with pytest.raises(TypeError, match="shards must be a list"):
         shard_iterable(shards="abc", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="world_size must be at least 1, got 0"):
+        shard_iterable(range(3), rank=0, world_size=0)
 
 
 def test_items_are_tensors_too():

@@ -12,20 +12,26 @@ import torch.distributed as torch_dist
 from shardwise.checks import require_int
 
 
-def resolve_world(num_replicas: int | None = None, rank: int | None = None) -> tuple[int, int]:
+def resolve_world(num_replicas: int | None = None, rank: int | None = None, *,
+                  name: str = "num_replicas") -> tuple[int, int]:
     """Return ``(num_replicas, rank)``, filling what is ``None`` from the job.
 
     The initialised default process group wins; else ``WORLD_SIZE`` / ``RANK`` from the
-    environment (as ``torchrun`` sets them); else a single process (1, 0).
+    environment (as ``torchrun`` sets them); else a single process (1, 0). ``name``: what the
+    caller calls the number of ranks, for its errors (samplers say ``num_replicas``, as torch's).
 
     >>> resolve_world(4, 2)
     (4, 2)
+    >>> resolve_world(0, 0, name="world_size")
+    Traceback (most recent call last):
+    ...
+    ValueError: world_size must be at least 1, got 0
     """
     if num_replicas is None:
         num_replicas = _discover("WORLD_SIZE", torch_dist.get_world_size, default=1, minimum=1)
     if rank is None:
         rank = _discover("RANK", torch_dist.get_rank, default=0, minimum=0)
-    num_replicas = require_int("num_replicas", num_replicas, minimum=1, maximum=2**63 - 1)
+    num_replicas = require_int(name, num_replicas, minimum=1, maximum=2**63 - 1)
     rank = require_int("rank", rank)
     if not 0 <= rank < num_replicas:  # torch's DistributedSampler's words, for drop-in use
         raise ValueError(

@@ -243,7 +243,7 @@ def read_table(
     [[0, 1], [2, 3], [4, 5]]
     """
     columns = column_names(columns)
-    world_size, rank = resolve_world(world_size, rank)
+    world_size, rank = resolve_world(world_size, rank, name="world_size")
     if isinstance(paths, TablePlan):
         plan = paths.resized(world_size)
     else:

@@ -97,7 +97,7 @@ def read_records(
     ``threads`` chunks of text are parsed at once (default ``rank_threads()``: this machine's
     cores shared among its ranks); the records and any error are the same whatever the number.
     """
-    world_size, rank = resolve_world(world_size, rank)
+    world_size, rank = resolve_world(world_size, rank, name="world_size")
     if threads is not None:
         require_int("threads", threads, minimum=1)
     started = time.perf_counter()

@@ -110,7 +110,7 @@ def iter_chunks(
     would silently read overlapping shares). URLs are opened with ``storage_options`` (see
     ``plan``), and read a chunk ahead: the next chunk's range is requested while this one is used.
     """
-    world_size, rank = resolve_world(world_size, rank)
+    world_size, rank = resolve_world(world_size, rank, name="world_size")
     if block_bytes < 1:
         raise ValueError(f"block_bytes must be positive, got {block_bytes}")
     if not (isinstance(paths, Plan) and paths.world_size == world_size):

@@ -77,7 +77,7 @@ class ShardedIterable(IterableDataset):
                     f"{what} is a path ({os.fsdecode(given)!r}), not its items: pass "
                     "shards=line_shards(paths) (or row_group_shards(paths)) from "
                     "shardwise.streams.files to read files' lines (or Parquet rows)")
-        self.world_size, self.rank = resolve_world(world_size, rank)
+        self.world_size, self.rank = resolve_world(world_size, rank, name="world_size")
         self.shards = list(shards) if shards is not None else [iterable]
         self.streamed = shards is None
         # consumer -> (its shard number, items read in it, items read in the pass): this
