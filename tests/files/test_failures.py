@@ -232,3 +232,36 @@ def test_a_parser_in_the_script_is_described_alike_in_spawned_ranks() -> None:
     split.__module__, spawned.__module__, spawned.__qualname__ = ("__main__", "__mp_main__",
                                                                   split.__qualname__)
     assert describe(split) == describe(spawned) == describe(partial(split))[8:-1]
+
+
+def _grouping_fails_on_rank_1(folder: Path) -> dict:
+    """Rank 1 runs out of memory grouping its records by owner (the copy that is a rank's peak),
+    then goes on, as a notebook or a retrying job does, to use the group again."""
+    import shardwise.files.load as load
+
+    _, rank = group_world()
+    group_by_owner = load.group_by_owner
+
+    def short_of_memory(*args, **kwargs):
+        if rank == 1:
+            raise MemoryError("unable to allocate 3.0 GiB for the grouped records")
+        return group_by_owner(*args, **kwargs)
+
+    load.group_by_owner = short_of_memory
+    try:
+        out = {"failed": _outcome(lambda: load_graph(folder))}
+    finally:
+        load.group_by_owner = group_by_owner
+    out["afterwards"] = _edges(load_graph(folder))  # no rank was left inside the exchange
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_failing_between_the_read_and_the_exchange_fails_every_rank(tmp_path: Path) -> None:
+    (tmp_path / "g.txt").write_text("".join(f"{a},{b}\n" for a, b in EDGES))
+    per_rank = spawn_local(_grouping_fails_on_rank_1, WORLD, tmp_path, timeout=60)
+    for out in per_rank:
+        kind, message, _ = out["failed"]
+        assert (kind, message) == ("MemoryError", "rank 1: unable to allocate 3.0 GiB for the "
+                                                  "grouped records")
+    assert sorted(e for out in per_rank for e in out["afterwards"]) == EDGES

@@ -221,14 +221,22 @@ def load_records(
 
     the_plan, (the_format, names) = plan_together(prepare, caller="loading files")
     planned = time.perf_counter()
-    records, stats = together(
-        lambda: _read(the_plan, the_format, names, rank, mirror, block_bytes, progress, threads))
-    if world_size > 1:  # one rank owns everything: no owners to compute, nothing to send
-        grouped, counts = group_by_owner(records, owners(records, the_format.pattern, world_size),
-                                         world_size)
-        del records  # freed before the receive buffer is allocated, which reuses its memory
-        records = exchange_groups(grouped, counts, round_bytes=round_bytes)
-        del grouped
+
+    def read_grouped() -> tuple[np.ndarray, np.ndarray | None, LoadStats]:
+        """This rank's records, grouped by owner (and the counts) when others own some; the
+        records are freed once grouped, so the receive buffer reuses their memory."""
+        records, stats = _read(the_plan, the_format, names, rank, mirror, block_bytes, progress,
+                               threads)
+        if world_size == 1:  # one rank owns everything: no owners to compute, nothing to send
+            return records, None, stats
+        # Grouped inside the agreement: the grouped copy is a rank's peak memory, and a rank
+        # that failed to make it after the others agreed would leave them in the exchange.
+        return (*group_by_owner(records, owners(records, the_format.pattern, world_size),
+                                world_size), stats)
+
+    records, counts, stats = together(read_grouped)
+    if counts is not None:
+        records = exchange_groups(records, counts, round_bytes=round_bytes)
     # Planning counts as reading; the exchange starts after this rank's last parsed line, so
     # waiting for the other ranks to finish theirs is part of it.
     read = planned - started + stats.seconds["read+parse"]
