@@ -265,3 +265,31 @@ def test_a_rank_failing_between_the_read_and_the_exchange_fails_every_rank(tmp_p
         assert (kind, message) == ("MemoryError", "rank 1: unable to allocate 3.0 GiB for the "
                                                   "grouped records")
     assert sorted(e for out in per_rank for e in out["afterwards"]) == EDGES
+
+
+def _load_own_copy(root: Path) -> dict:
+    _, rank = group_world()
+    _rank_tree(root, rank)
+    return {"loaded": _outcome(lambda: load_graph("data/g.txt")),
+            "afterwards": _edges(load_graph("data/a.txt"))}  # no rank left in a collective
+
+
+@pytest.mark.timeout(120)
+def test_copies_of_one_size_whose_lines_break_elsewhere_at_a_cut_are_refused(tmp_path: Path) -> None:
+    # 300 lines of 12 bytes: the ranks' cuts fall at bytes 1,200 and 2,400, between lines.
+    text = "".join(f"{a:05d},{b:05d}\n" for a, b in EDGES)
+
+    def shifted(rank: int, data: Path) -> None:
+        # Rank 1's copy has the same size, but the line break before the cut one byte earlier:
+        # rank 0 ends its share at byte 1,200 of its copy, rank 1 begins at byte 1,212 of its own.
+        (data / "g.txt").write_text(
+            text.replace("00099,00100\n00100,", "0099,00100\n000100,") if rank == 1 else text)
+
+    _write_tree(tmp_path, shifted)
+    per_rank = spawn_local(_load_own_copy, WORLD, tmp_path, timeout=60)
+    for out in per_rank:
+        kind, message, _ = out["loaded"]
+        assert kind == "InconsistentRanksError", message
+        assert ("rank 0's lines of data/g.txt end at byte 1,200 but rank 1's begin at byte 1,212"
+                in message), message
+    assert sorted(e for out in per_rank for e in out["afterwards"]) == EDGES[:100]

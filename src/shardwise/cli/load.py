@@ -35,6 +35,7 @@ from shardwise.files import (
     load_matrix,
     load_vectors,
 )
+from shardwise.files.agreement import read_together
 from shardwise.files.columnar import columnar_format
 from shardwise.files.graph import KINDS
 from shardwise.files.patterns import MAX_EXAMPLES
@@ -166,7 +167,8 @@ def _load_lines(paths: list[str], storage_options: dict[str, Any], on_error: str
         raise ValueError(f"--pattern linesplit reads text lines, but {columnar} is a columnar "
                          "file: load its rows with --columns and a record pattern instead")
     # Raised on every rank, as a record pattern's errors are: no rank is left waiting.
-    lines, bad, bytes_read = together(lambda: _rank_lines(the_plan, rank, on_error))
+    lines, bad, bytes_read = read_together(lambda: _rank_lines(the_plan, rank, on_error),
+                                           the_plan, rank)
     if bad:
         warnings.warn(f"rank {rank} skipped {len(bad)} line(s); the first: "
                       + "; ".join(str(line) for line in bad[:3]), stacklevel=2)

@@ -69,13 +69,24 @@ def together(step: Callable[[], T], group: Any = None) -> T:
     >>> together(lambda: 7)
     7
     """
+    return together_noted(step, lambda _: None, group)[0]
+
+
+def together_noted(step: Callable[[], T], note: Callable[[T], Any], group: Any = None
+                   ) -> tuple[T, list[Any]]:
+    """``together``, also giving every rank's ``note(result)``, gathered in the same collective.
+
+    >>> together_noted(lambda: 7, lambda result: result + 1)
+    (7, [8])
+    """
     try:
         result = step()
+        mine = note(result)
     except Exception as exc:
         agree({"problem": exc}, (), group, caller="together")  # raises it on every rank
         raise
-    agree({"problem": None}, (), group, caller="together")
-    return result
+    per_rank = agree({"problem": None, "note": mine}, (), group, caller="together")
+    return result, [fields["note"] for fields in per_rank]
 
 
 def raise_first_problem(

@@ -20,10 +20,12 @@ from shardwise.distributed.consistency import (
     agree,
     group_ranks,
     name_ranks,
+    together_noted,
 )
 from shardwise.distributed.world import gather_objects, group_world
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan, plan
+from shardwise.files.read import line_bounds
 from shardwise.files.sources import Paths, StorageOptions
 
 Listing = list[tuple[str, int]]  # (name, size) of each planned file, in plan order
@@ -67,6 +69,37 @@ def plan_together(
     if any(fields["files"] != files for fields in per_rank):
         raise InconsistentRanksError(files_differ(gather_objects(_listing(the_plan))))
     return the_plan, prepared
+
+
+def read_together(step: Callable[[], T], the_plan: P, rank: int) -> T:
+    """``together(step)`` for a step that reads ``rank``'s share of ``the_plan``, checking in the
+    same collective that each rank's lines end where the next rank's begin (text over ranks)."""
+    text = isinstance(the_plan, Plan) and group_world()[0] > 1
+    result, bounds = together_noted(step, lambda _: line_bounds(the_plan, rank) if text else None)
+    if text:
+        check_cuts(the_plan, bounds)
+    return result
+
+
+def check_cuts(the_plan: Plan, bounds: Sequence[tuple[int, int] | None]) -> None:
+    """Raise ``InconsistentRanksError`` where a rank's lines (``line_bounds``) end elsewhere than
+    the next non-empty rank's begin: the file's copies (or the file, rewritten at the same size
+    during the load) break lines differently at their cut, so lines would be lost or read twice.
+    """
+    before: tuple[int, int] | None = None  # (rank, stop) of the last rank with bytes
+    for rank, mine in enumerate(bounds):
+        if mine is None:
+            continue
+        if before is not None and before[1] != mine[0]:
+            piece = the_plan.pieces(rank)[0]
+            at = int(the_plan.offsets[piece.file])
+            raise InconsistentRanksError(
+                f"rank {before[0]}'s lines of {piece.source.name} end at byte {before[1] - at:,} "
+                f"but rank {rank}'s begin at byte {mine[0] - at:,}: the file breaks its lines "
+                "elsewhere on the two ranks (is it another file of the same size on one of their "
+                "machines, or was it rewritten during the load?), so lines would be lost or read "
+                "twice. Give every rank the same files and leave them unchanged during the load")
+        before = (rank, mine[1])
 
 
 def files_differ(listings: Sequence[Listing]) -> str:

@@ -2,7 +2,8 @@
 
 A load is collective, and ranks fail together: the ranks agree on the plan and settings before
 reading (``agreement.plan_together``), and on the outcome of reading and parsing before the
-exchange (``together``), so an error on one rank (a missing file, a malformed line, a bad
+exchange (``agreement.read_together``, which also checks that each rank's lines end where the next
+rank's begin), so an error on one rank (a missing file, a malformed line, a bad
 argument) is raised on every rank, naming it, instead of leaving the others waiting in the
 exchange.
 """
@@ -18,10 +19,9 @@ from typing import Any
 import numpy as np
 
 from shardwise.checks import require_int
-from shardwise.distributed.consistency import together
 from shardwise.distributed.exchange import DEFAULT_ROUND_BYTES
 from shardwise.distributed.world import group_world, resolve_world
-from shardwise.files.agreement import plan_together
+from shardwise.files.agreement import plan_together, read_together
 from shardwise.files.columnar import TablePlan
 from shardwise.files.owners import owners
 from shardwise.files.pages import plain_pages
@@ -234,7 +234,9 @@ def load_records(
         return (*group_by_owner(records, owners(records, the_format.pattern, world_size),
                                 world_size), stats)
 
-    records, counts, stats = together(read_grouped)
+    # Each rank's line-aligned ends travel with its outcome: ranks whose copies of a file break
+    # lines differently at a cut agree on names and sizes, yet would lose or repeat lines.
+    records, counts, stats = read_together(read_grouped, the_plan, rank)
     if counts is not None:
         records = exchange_groups(records, counts, round_bytes=round_bytes)
     # Planning counts as reading; the exchange starts after this rank's last parsed line, so

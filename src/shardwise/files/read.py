@@ -315,6 +315,21 @@ def _line_start(read: ReadRange, cut: int, size: int) -> int:
     return size
 
 
+def line_bounds(the_plan: Plan, rank: int) -> tuple[int, int] | None:
+    """Global ``[start, stop)`` of ``rank``'s lines: its range's ends moved to line starts, as
+    its reads move them (``None`` when its range is empty). A rank's ``stop`` must be the next
+    non-empty rank's ``start``, or their copies of the file break lines differently there."""
+    pieces = the_plan.pieces(rank)
+    if not pieces:
+        return None
+    ends = []
+    for piece, cut in ((pieces[0], pieces[0].start), (pieces[-1], pieces[-1].stop)):
+        with _ranges(piece.source) as read:
+            at = _line_start(read, cut, piece.source.size)
+        ends.append(int(the_plan.offsets[piece.file]) + at)
+    return ends[0], ends[1]
+
+
 def _check_not_shrunk(source: Source) -> int:
     """A file must still hold the bytes planned for it, or the ranks' shares no longer tile it:
     its size now."""
