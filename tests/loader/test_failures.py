@@ -902,3 +902,29 @@ def test_a_worker_sending_a_large_message_while_given_long_tasks_does_not_hang(l
         assert [int(a[0]) for a in second[::10_000]] == list(range(BIG_BATCH, 2 * BIG_BATCH,
                                                                    10_000))
     del iterator
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("large", ["error", "batch of many arrays"])
+def test_a_default_socket_timeout_leaves_the_workers_pipes_as_they_were(large, clean):
+    """A slot's descriptor passes through a socket made on the worker's pipe, and a socket made
+    with ``socket.setdefaulttimeout`` set is non-blocking: so would the pipe stay, and a large
+    message through it fail half-written (torch's loader runs as usual)."""
+    import socket
+
+    collate_fn = _arrays_each if large != "error" else None
+    loader = DataLoader(LargeMessages(large == "error"), batch_size=BIG_BATCH, num_workers=1,
+                        timeout=30, collate_fn=collate_fn)
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(5)
+    try:
+        iterator = iter(loader)
+        assert len(next(iterator)) == BIG_BATCH
+        if large == "error":
+            with pytest.raises(ValueError, match="x" * 1000):
+                next(iterator)
+        else:
+            assert len(next(iterator)) == BIG_BATCH
+        del iterator
+    finally:
+        socket.setdefaulttimeout(before)

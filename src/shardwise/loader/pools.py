@@ -22,7 +22,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -30,7 +29,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.position import dataset_states, keeps_states
-from shardwise.loader.transport import SharedSlot, framed, receive, unpack
+from shardwise.loader.transport import SharedSlot, framed, receive, receive_descriptor, unpack
 from shardwise.loader.workers import WorkerSpec, process_worker, task_failure
 from shardwise.switches import OffWhileUsed
 
@@ -270,7 +269,7 @@ class ProcessPool:
             old, self.slots[worker][slot_id] = self.slots[worker][slot_id], None
             if old is not None:
                 old.close()
-            self.slots[worker][slot_id] = SharedSlot(size, reduction.recv_handle(conn))
+            self.slots[worker][slot_id] = SharedSlot(size, receive_descriptor(conn))
             return None
         if kind == "batch":
             _, task_id, slot_id, data, offsets, busy, states = message

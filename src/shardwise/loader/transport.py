@@ -21,6 +21,7 @@ import pickle
 import struct
 import tempfile
 import weakref
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -154,6 +155,21 @@ def framed(message: Any) -> bytes:
 def receive(conn: Connection) -> Any:
     """The next message :func:`send` sent on ``conn``."""
     return pickle.loads(conn.recv_bytes())
+
+
+def send_descriptor(conn: Connection, fd: int, pid: int) -> None:
+    """Send file descriptor ``fd`` on ``conn`` to process ``pid``, leaving ``conn`` blocking."""
+    reduction.send_handle(conn, fd, pid)
+    # It went through a socket made on the pipe, which ``socket.setdefaulttimeout`` makes
+    # non-blocking, the pipe with it: a long message would then fail half-written.
+    os.set_blocking(conn.fileno(), True)
+
+
+def receive_descriptor(conn: Connection) -> int:
+    """The file descriptor :func:`send_descriptor` sent on ``conn``, left blocking."""
+    fd = reduction.recv_handle(conn)
+    os.set_blocking(conn.fileno(), True)  # (as in send_descriptor)
+    return fd
 
 
 # Where a batch's array went, in place of the array in the pickled batch: its number among the

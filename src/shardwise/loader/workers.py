@@ -17,7 +17,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -31,7 +30,16 @@ from torch.utils.data.dataloader import default_collate as torch_default_collate
 
 from shardwise.loader.datapipes import apply_shared_seed
 from shardwise.loader.position import dataset_states, keeps_states
-from shardwise.loader.transport import Arena, SharedSlot, bytes_needed, flatten, pack, receive, send
+from shardwise.loader.transport import (
+    Arena,
+    SharedSlot,
+    bytes_needed,
+    flatten,
+    pack,
+    receive,
+    send,
+    send_descriptor,
+)
 
 FIRST_SLOT_BYTES = 4 * 2**20  # address space only: pages cost memory once a batch touches them
 # An idle worker checks this often (milliseconds) that its main process still lives. (Not
@@ -303,7 +311,7 @@ class _ProcessWorker:
         slot = SharedSlot(max(size, FIRST_SLOT_BYTES))
         self.slots[slot_id] = slot
         send(self.conn, ("slot", slot_id, slot.size))
-        reduction.send_handle(self.conn, slot.fd, self.parent)
+        send_descriptor(self.conn, slot.fd, self.parent)
         return slot
 
 
