@@ -928,3 +928,64 @@ def test_a_default_socket_timeout_leaves_the_workers_pipes_as_they_were(large, c
         del iterator
     finally:
         socket.setdefaulttimeout(before)
+
+
+class Listed(Dataset):
+    """Each batch is its indices as they are (``__getitems__``): the work is the collation's."""
+
+    def __len__(self) -> int:
+        return 10**7
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        return indices
+
+
+def _slowly_counted(samples: list[int]) -> int:
+    time.sleep(1.0)  # a worker's second of work on each batch
+    return len(samples)
+
+
+@pytest.mark.timeout(60)
+def test_a_long_task_reaches_its_worker_while_the_caller_works(clean):
+    """A list of indices the pipe cannot take whole goes on while the caller works on its
+    batches (not only while it waits for the next one): the worker loads ahead meanwhile."""
+    loader = DataLoader(Listed(), batch_size=10**6, num_workers=1, prefetch_factor=2,
+                        collate_fn=_slowly_counted)
+    iterator = iter(loader)
+    assert next(iterator) == 10**6
+    waits = []
+    for _ in range(3):
+        time.sleep(1.5)  # the caller's step: the worker loads the next batch meanwhile
+        started = time.monotonic()
+        assert next(iterator) == 10**6
+        waits.append(time.monotonic() - started)
+    assert max(waits) < 0.7  # not the second a batch takes to load
+    del iterator
+
+
+class ForksAChild(Listed):
+    """A worker's first batch forks a child that holds the worker's pipe open for 20 s; each
+    batch takes the worker half a second."""
+
+    forked = False
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        if not self.forked and os.fork() == 0:
+            time.sleep(20)
+            os._exit(0)
+        self.forked = True
+        time.sleep(0.5)
+        return indices
+
+
+@pytest.mark.timeout(60)
+def test_a_pass_dropped_while_a_long_task_is_sent_to_a_worker_whose_child_holds_its_pipe(clean):
+    """The worker is killed, but its pipe stays open in its child, and nobody reads it: the
+    tasks being written to it stop all the same, not when the child exits."""
+    loader = DataLoader(ForksAChild(), batch_size=10**6, num_workers=1, prefetch_factor=4,
+                        collate_fn=len)
+    iterator = iter(loader)
+    assert next(iterator) == 10**6  # and the worker loads the next, its pipe full of the rest
+    started = time.monotonic()
+    del iterator
+    assert time.monotonic() - started < 5

@@ -8,6 +8,7 @@ GIL (NumPy, decoding, I/O), with no copies at all.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -15,11 +16,11 @@ import pickle
 import queue
 import select
 import signal
+import socket
 import threading
 import time
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -162,10 +163,11 @@ _PICKLE_HINT = (
 class ProcessPool:
     """Worker processes, each fed tasks on its own pipe and returning batches in shared memory.
 
-    This process never waits for a worker to read what it sends: what a pipe cannot take yet
-    waits in the worker's outbox and goes while this process waits for batches. (Else a long
+    This process never waits for a worker to read what it sends: what the pipe cannot take at
+    once, a thread per worker writes (as torch's index queues' feeder threads do). Else a long
     list of indices sent to a worker busy sending a large message, an error's long text, say,
-    would leave each waiting for the other.)
+    would leave each waiting for the other; and a task the pipe could not take whole would wait
+    for this process, not go while the caller works on its batches.
     """
 
     def __init__(self, spec: WorkerSpec, base_seed: int, shared_seed: int | None, context: Any,
@@ -178,7 +180,7 @@ class ProcessPool:
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.slots: list[list[SharedSlot | None]] = []
-        self._outboxes: list[deque[memoryview]] = []
+        self._senders: list[_Sender] = []
         self._epoch = 0
         # One poller for the pipes and the process sentinels, made once: a dead worker wakes it.
         self._poller = select.poll()
@@ -205,50 +207,26 @@ class ProcessPool:
                 self.conns.append(ours)
                 self.procs.append(proc)
                 self.slots.append([None] * spec.slots)
-                self._outboxes.append(deque())
                 self._pipes[ours.fileno()] = self._sentinels[proc.sentinel] = worker
                 self._poller.register(ours.fileno(), select.POLLIN)
                 self._poller.register(proc.sentinel, select.POLLIN)
+        # Started once every worker has: no worker is forked while they run.
+        self._senders = [_Sender(worker, conn.fileno()) for worker, conn in enumerate(self.conns)]
 
     def submit(self, worker: int, task_id: int, index: Any) -> None:
         self._send(worker, ("task", task_id, index))
 
     def _send(self, worker: int, message: tuple) -> None:
-        outbox = self._outboxes[worker]
-        outbox.append(memoryview(framed(message)))
-        if len(outbox) == 1:
-            self._flush(worker)
-
-    def _flush(self, worker: int) -> None:
-        """Write what the worker's pipe takes now of its outbox; wait on the pipe for the rest."""
-        outbox, fd = self._outboxes[worker], self.conns[worker].fileno()
-        os.set_blocking(fd, False)  # (this process's end alone: the worker's stays blocking)
-        try:
-            while outbox:
-                written = os.write(fd, outbox[0])
-                if written < len(outbox[0]):
-                    outbox[0] = outbox[0][written:]
-                else:
-                    outbox.popleft()
-        except BlockingIOError:
-            pass  # the pipe is full: the rest goes when the worker has read some
-        except OSError:  # its end of the pipe closed: it died (with batches still to read)
-            raise WorkerDied(self._death_notice(worker)) from None
-        finally:
-            os.set_blocking(fd, True)
-        self._poller.modify(fd, select.POLLIN | (select.POLLOUT if outbox else 0))
+        self._senders[worker].send(framed(message))
 
     def receive(self, timeout: float | None) -> Event | None:
         """The next thing any worker sent; ``None`` when ``timeout`` seconds pass first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            polled = self._poller.poll(left)
-            if not polled:
+            ready = [fd for fd, _ in self._poller.poll(left)]
+            if not ready:
                 return None
-            for worker in (self._pipes[fd] for fd, mask in polled if mask & select.POLLOUT):
-                self._flush(worker)
-            ready = [fd for fd, mask in polled if mask & ~select.POLLOUT]
             for worker in (self._pipes[fd] for fd in ready if fd in self._pipes):
                 try:
                     event = self._read(worker)
@@ -330,11 +308,9 @@ class ProcessPool:
         """Stop every worker: ``grace`` seconds to finish the sample at hand, then it is killed."""
         if os.getpid() != self._pid:  # a forked child's exit: the workers are not its own
             return
-        for worker in range(len(self.conns)):
-            try:  # (behind a task the worker has not read, it comes too late: killed after grace)
-                self._send(worker, ("stop",))
-            except WorkerDied:
-                pass  # already gone
+        for sender in self._senders:  # (after the tasks it has not read: killed after grace)
+            sender.send(framed(("stop",)))
+            sender.outbox.put(None)  # its last
         deadline = time.monotonic() + grace
         try:
             for proc in self.procs:
@@ -344,13 +320,21 @@ class ProcessPool:
                 if proc.is_alive():
                     proc.kill()
                     proc.join()
+            # A sender still writing stops before its pipe is closed under it (whose number could
+            # then be another file's): a worker's child may hold the worker's end open.
+            for conn in self.conns:
+                with (socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as end,
+                      contextlib.suppress(OSError)):  # (where the worker's end is closed already)
+                    end.shutdown(socket.SHUT_WR)
+            for sender in self._senders:
+                sender.thread.join()
             for conn in self.conns:
                 conn.close()
             for slots in self.slots:
                 for slot in slots:
                     if slot is not None:
                         slot.close()
-            self.conns, self.procs, self.slots, self._outboxes = [], [], [], []
+            self.conns, self.procs, self.slots, self._senders = [], [], [], []
 
     def _death_notice(self, worker: int) -> str:
         proc = self.procs[worker]
@@ -366,6 +350,53 @@ class ProcessPool:
         else:
             how = f"exited unexpectedly with exit code {code}. It was worker {worker}"
         return f"DataLoader worker (pid {proc.pid}) {how}; the other workers were stopped"
+
+
+class _Sender:
+    """Sends a worker its messages, in order: what its pipe takes at once from this thread (a
+    thread's hand-off costs more than a small task's write), the rest from a thread of its own.
+    (A dead worker's messages go nowhere: the wait for its batches reports it.)"""
+
+    def __init__(self, worker: int, fd: int) -> None:
+        self.fd = fd
+        self.outbox: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self.queued = 0  # messages in the outbox, or being written by the thread
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"shardwise-sender-{worker}")
+        self.thread.start()
+
+    def send(self, message: bytes) -> None:
+        unsent = memoryview(message)
+        with self.lock:
+            if not self.queued:  # the thread is idle: none of the pipe's writers but this one
+                os.set_blocking(self.fd, False)
+                try:
+                    unsent = unsent[os.write(self.fd, unsent):]
+                except BlockingIOError:
+                    pass  # the pipe is full
+                except OSError:
+                    return  # the worker is gone
+                finally:
+                    os.set_blocking(self.fd, True)
+            if unsent:
+                self.queued += 1
+                self.outbox.put(unsent)
+
+    def _run(self) -> None:
+        while (unsent := self.outbox.get()) is not None:
+            try:
+                while unsent:
+                    try:
+                        unsent = unsent[os.write(self.fd, unsent):]
+                    except BlockingIOError:  # made non-blocking a moment (see send_descriptor)
+                        writable = select.poll()
+                        writable.register(self.fd, select.POLLOUT)
+                        writable.poll()
+            except OSError:  # the worker is gone
+                return
+            with self.lock:
+                self.queued -= 1
 
 
 class ThreadPool:

@@ -139,8 +139,8 @@ def send(conn: Connection, message: Any) -> None:
 
 
 def framed(message: Any) -> bytes:
-    """``message`` as :func:`send` writes it to a pipe (a length, then the pickle), for a writer
-    that cannot wait for the pipe to take it all (see ``ProcessPool``); :func:`receive` reads it.
+    """``message`` as :func:`send` writes it to a pipe (a length, then the pickle), pickled now
+    for a thread that writes it later (see ``ProcessPool``); :func:`receive` reads it.
 
     >>> frame = framed("hi")
     >>> int.from_bytes(frame[:4], "big") == len(frame) - 4
