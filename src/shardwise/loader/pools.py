@@ -210,7 +210,7 @@ class ProcessPool:
                 self._pipes[ours.fileno()] = self._sentinels[proc.sentinel] = worker
                 self._poller.register(ours.fileno(), select.POLLIN)
                 self._poller.register(proc.sentinel, select.POLLIN)
-        # Started once every worker has: no worker is forked while they run.
+        # Made once every worker has started: no worker is forked while their threads run.
         self._senders = [_Sender(worker, conn.fileno()) for worker, conn in enumerate(self.conns)]
 
     def submit(self, worker: int, task_id: int, index: Any) -> None:
@@ -325,9 +325,10 @@ class ProcessPool:
             for conn in self.conns:
                 with (socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as end,
                       contextlib.suppress(OSError)):  # (where the worker's end is closed already)
-                    end.shutdown(socket.SHUT_WR)
+                    end.shutdown(socket.SHUT_RDWR)  # (a hang-up: wakes a wait to write too)
             for sender in self._senders:
-                sender.thread.join()
+                if sender.thread is not None:
+                    sender.thread.join()
             for conn in self.conns:
                 conn.close()
             for slots in self.slots:
@@ -354,17 +355,16 @@ class ProcessPool:
 
 class _Sender:
     """Sends a worker its messages, in order: what its pipe takes at once from this thread (a
-    thread's hand-off costs more than a small task's write), the rest from a thread of its own.
-    (A dead worker's messages go nowhere: the wait for its batches reports it.)"""
+    thread's hand-off costs more than a small task's write), the rest from a thread of its own,
+    started when a message first waits (most loaders' tasks never do). (A dead worker's messages
+    go nowhere: the wait for its batches reports it.)"""
 
     def __init__(self, worker: int, fd: int) -> None:
-        self.fd = fd
+        self.worker, self.fd = worker, fd
         self.outbox: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
         self.queued = 0  # messages in the outbox, or being written by the thread
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name=f"shardwise-sender-{worker}")
-        self.thread.start()
+        self.thread: threading.Thread | None = None
 
     def send(self, message: bytes) -> None:
         unsent = memoryview(message)
@@ -382,6 +382,10 @@ class _Sender:
             if unsent:
                 self.queued += 1
                 self.outbox.put(unsent)
+                if self.thread is None:
+                    self.thread = threading.Thread(target=self._run, daemon=True,
+                                                   name=f"shardwise-sender-{self.worker}")
+                    self.thread.start()
 
     def _run(self) -> None:
         while (unsent := self.outbox.get()) is not None:
