@@ -529,6 +529,28 @@ def _slot_bytes(pid: int) -> int:
     return sum(held.values())
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_a_forked_child_iterates_its_copy_of_a_persistent_loader_with_workers_of_its_own(
+        worker_type):
+    """The parent's persistent workers are not the child's (nor are its threads): the child's
+    loader starts its own and gives the same batches; the parent's go on."""
+    loader = DataLoader(torch.arange(20), batch_size=4, num_workers=2, persistent_workers=True,
+                        worker_type=worker_type)
+    first = [batch.tolist() for batch in loader]
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit code
+        signal.alarm(30)  # (a hang ends the child, and the test with it)
+        same = False
+        try:
+            same = [batch.tolist() for batch in loader] == first
+        finally:
+            os._exit(0 if same else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [batch.tolist() for batch in loader] == first
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_holds_no_other_loaders_shared_memory(clean):
     """Forked while another loader's slots are open here, it closes them: held, they would stay

@@ -103,10 +103,13 @@ class Workers:
     def __init__(self, pool: ProcessPool | ThreadPool, base_seed: int, owner: object) -> None:
         self.pool, self.base_seed = pool, base_seed
         self._closer = weakref.finalize(owner, pool.close)
+        self._pid = os.getpid()
 
     @property
     def alive(self) -> bool:
-        return self._closer.alive
+        """Whether they run for this process: a process forked from the one that started them
+        has none of them (its loader starts its own)."""
+        return self._closer.alive and os.getpid() == self._pid
 
     def close(self, grace: float = GRACE_SECONDS) -> None:
         """Stop the workers, giving each ``grace`` seconds to finish what it is on."""
