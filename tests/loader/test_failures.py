@@ -145,6 +145,38 @@ def test_an_exception_whose_class_cannot_be_pickled_arrives_named(where, clean):
         assert "worker 0 cannot start" in message
 
 
+class RaisesFromAModuleOnlyWorkersHave(Dataset):
+    """Sample 5 raises an exception whose class lives in a module only the workers import."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 5:
+            sys.path.insert(0, self.folder)
+            from workers_only import WorkersOnlyError
+
+            raise WorkersOnlyError(f"sample {index} is corrupt")
+        return torch.tensor(index)
+
+
+def test_an_exception_whose_class_this_process_cannot_load_fails_its_batch_alone(tmp_path,
+                                                                                  clean):
+    (tmp_path / "workers_only.py").write_text("class WorkersOnlyError(Exception):\n    pass\n")
+    iterator = iter(DataLoader(RaisesFromAModuleOnlyWorkersHave(str(tmp_path)), batch_size=2,
+                               num_workers=1))
+    assert next(iterator).tolist() == [0, 1] and next(iterator).tolist() == [2, 3]
+    with pytest.raises(RuntimeError, match="raised WorkersOnlyError, whose class cannot be "
+                                           "loaded in this process: No module named") as raised:
+        next(iterator)
+    assert "sample 5 is corrupt" in str(raised.value)
+    assert next(iterator).tolist() == [6, 7]  # the pass goes on
+    del raised, iterator
+
+
 class Endless(torch.utils.data.IterableDataset):
     def __iter__(self):
         return iter(range(10**6))

@@ -31,7 +31,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from shardwise.loader.position import dataset_states, keeps_states
 from shardwise.loader.transport import SharedSlot, framed, receive, receive_descriptor, unpack
-from shardwise.loader.workers import WorkerSpec, process_worker, task_failure
+from shardwise.loader.workers import WorkerSpec, process_worker, task_failure, unpacked
 from shardwise.switches import OffWhileUsed
 
 # A stopped worker gets this long to exit before it is killed: it holds nothing worth saving.
@@ -264,13 +264,15 @@ class ProcessPool:
                 slot.full = False  # copied out: the worker may fill it again
             return Event("batch", task_id, worker, batch, busy, states)
         if kind == "error":
-            return Event("error", message[1], worker, message[2], message[3], message[4])
+            return Event("error", message[1], worker, unpacked(message[2]), message[3],
+                         message[4])
         if kind == "end":
             return Event("end", message[1], worker, states=message[2])
         if kind == "epoch":
             return Event("epoch", message[1], worker, states=message[2])
         if kind == "started":
-            return Event("started", -1, worker, message[1], states=message[2])
+            failure = None if message[1] is None else unpacked(message[1])
+            return Event("started", -1, worker, failure, states=message[2])
         raise AssertionError(f"unexpected message {kind!r} from DataLoader worker {worker}")
 
     def wait_started(self, timeout: float | None

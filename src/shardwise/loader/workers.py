@@ -177,12 +177,12 @@ class _ProcessWorker:
             elif states.get("ended"):  # its stream ended with its last batch
                 self.fetcher.ended = True
         except Exception:  # noqa: BLE001 - reported with the first task, as torch does
-            self.init_failure = sendable(
-                ExceptionWrapper(where=f"in DataLoader worker process {worker_id}"))
+            self.init_failure = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
         if spec.reports_start:  # the main process waits for this, as torchdata's does
             # A failure is raised there at once; a persistent worker then makes its fetcher at
             # the next epoch, as torch's does.
-            send(conn, ("started", self.init_failure, self._sendable_states()))
+            failure = None if self.init_failure is None else packed(self.init_failure)
+            send(conn, ("started", failure, self._sendable_states()))
             self.init_failure = None
 
     def _new_fetcher(self) -> None:
@@ -241,7 +241,7 @@ class _ProcessWorker:
     def _fetch(self, task_id: int, index: Any) -> None:
         if self.init_failure is not None:
             failure, self.init_failure = self.init_failure, None
-            send(self.conn, ("error", task_id, failure, 0.0, None))
+            send(self.conn, ("error", task_id, packed(failure), 0.0, None))
             return
         started = time.perf_counter()
         slot_id = self.sent % len(self.slots)
@@ -274,9 +274,10 @@ class _ProcessWorker:
                 failure = _unpicklable(states, self.worker_id)
                 after = None
                 if failure is None:  # the data failed: its dataset's states go on past it
-                    failure = sendable(task_failure(self.worker_id, index))
+                    failure = task_failure(self.worker_id, index)
                     after = self._sendable_states()
-                message = ("error", task_id, failure, time.perf_counter() - started, after)
+                message = ("error", task_id, packed(failure), time.perf_counter() - started,
+                           after)
         finally:
             if isinstance(self.collate_fn, SlotCollate):
                 self.collate_fn.arena = None
@@ -315,25 +316,46 @@ class _ProcessWorker:
         return slot
 
 
-def sendable(failure: ExceptionWrapper) -> ExceptionWrapper:
-    """``failure`` as it can reach the main process: an exception whose class does not pickle
-    (one defined in a function, say) arrives as a ``RuntimeError`` that names it.
+# A worker's failure as it travels: its exception's class pickled on its own (None where it does
+# not pickle), the class's name, the traceback's text and where it happened.
+PackedFailure = tuple[bytes | None, str, str, str]
+
+
+def packed(failure: ExceptionWrapper) -> PackedFailure:
+    """``failure`` for the message to the main process, from which :func:`unpacked` makes it
+    again even where its exception's class cannot be pickled (one defined in a function) or
+    loaded there (a module only the worker imported): the rest of the message is not lost."""
+    try:
+        kind = pickle.dumps(failure.exc_type)
+    except Exception:  # noqa: BLE001 - whatever stops it, the class stays in this process
+        kind = None
+    return kind, failure.exc_type.__name__, failure.exc_msg, failure.where
+
+
+def unpacked(failure: PackedFailure) -> ExceptionWrapper:
+    """The failure :func:`packed` packed; an exception whose class cannot be pickled or loaded
+    here comes as a ``RuntimeError`` that names it, with its traceback.
 
     >>> class Local(Exception): pass
     >>> try:
     ...     raise Local("sample 3 is corrupt")
     ... except Local:
-    ...     failure = sendable(ExceptionWrapper(where="in DataLoader worker process 0"))
+    ...     failure = unpacked(packed(ExceptionWrapper(where="in DataLoader worker process 0")))
     >>> failure.exc_type.__name__, failure.where
     ('RuntimeError', 'in DataLoader worker process 0 (raised Local, whose class cannot be pickled)')
     """
-    try:
-        pickle.dumps(failure.exc_type)
-    except Exception:  # noqa: BLE001 - whatever stops it, the class stays in this process
-        failure.where += (f" (raised {failure.exc_type.__name__}, whose class cannot be "
-                          "pickled)")
-        failure.exc_type = RuntimeError
-    return failure
+    kind, name, text, where = failure
+    wrapper = ExceptionWrapper((RuntimeError, RuntimeError(), None), where)
+    wrapper.exc_msg = text
+    why = "cannot be pickled"
+    if kind is not None:
+        try:
+            wrapper.exc_type = pickle.loads(kind)
+            return wrapper
+        except Exception as error:  # noqa: BLE001 - a module only the worker has, say
+            why = f"cannot be loaded in this process: {error}"
+    wrapper.where += f" (raised {name}, whose class {why})"
+    return wrapper
 
 
 def _unpicklable(states: dict[str, Any] | None, worker_id: int) -> ExceptionWrapper | None:
