@@ -15,6 +15,8 @@ import textwrap
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -111,8 +113,10 @@ def test_a_worker_that_raises_system_exit_raises_it_here_as_no_workers_would(wor
         list(TorchLoader(Exits(), batch_size=2))
 
 
-class RaisesGiven(Dataset):
-    def __init__(self, error: type[Exception]) -> None:
+class RaisesAtFive(Dataset):
+    """Sample 5 raises ``error(its message)``."""
+
+    def __init__(self, error: Callable[[str], Exception]) -> None:
         self.error = error
 
     def __len__(self) -> int:
@@ -132,7 +136,7 @@ def test_an_exception_whose_class_cannot_be_pickled_arrives_named(where, clean):
     def init(worker_id: int) -> None:
         raise LocalError(f"worker {worker_id} cannot start")
 
-    loader = DataLoader(RaisesGiven(LocalError), batch_size=2, num_workers=1,
+    loader = DataLoader(RaisesAtFive(LocalError), batch_size=2, num_workers=1,
                         worker_init_fn=init if where == "worker_init_fn" else None)
     with pytest.raises(RuntimeError) as raised:
         list(loader)
@@ -145,29 +149,19 @@ def test_an_exception_whose_class_cannot_be_pickled_arrives_named(where, clean):
         assert "worker 0 cannot start" in message
 
 
-class RaisesFromAModuleOnlyWorkersHave(Dataset):
-    """Sample 5 raises an exception whose class lives in a module only the workers import."""
+def _workers_only_error(folder: str, message: str) -> Exception:
+    """An exception whose class lives in a module in ``folder``, which only the workers import."""
+    sys.path.insert(0, folder)
+    from workers_only import WorkersOnlyError
 
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
-
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        if index == 5:
-            sys.path.insert(0, self.folder)
-            from workers_only import WorkersOnlyError
-
-            raise WorkersOnlyError(f"sample {index} is corrupt")
-        return torch.tensor(index)
+    return WorkersOnlyError(message)
 
 
 def test_an_exception_whose_class_this_process_cannot_load_fails_its_batch_alone(tmp_path,
                                                                                   clean):
     (tmp_path / "workers_only.py").write_text("class WorkersOnlyError(Exception):\n    pass\n")
-    iterator = iter(DataLoader(RaisesFromAModuleOnlyWorkersHave(str(tmp_path)), batch_size=2,
-                               num_workers=1))
+    iterator = iter(DataLoader(RaisesAtFive(partial(_workers_only_error, str(tmp_path))),
+                               batch_size=2, num_workers=1))
     assert next(iterator).tolist() == [0, 1] and next(iterator).tolist() == [2, 3]
     with pytest.raises(RuntimeError, match="raised WorkersOnlyError, whose class cannot be "
                                            "loaded in this process: No module named") as raised:
