@@ -932,15 +932,11 @@ def _arrays_each(samples: list[int]) -> list:
     return [numpy.full(1, sample) for sample in samples]  # a batch of 100k arrays: a long message
 
 
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("large", ["error", "batch of many arrays"])
-def test_a_worker_sending_a_large_message_while_given_long_tasks_does_not_hang(large, clean):
-    """A worker writing a large message waits for this process to read it, and this process
-    never waits for a worker to read its long lists of indices: neither waits for the other."""
+def _second_batch_arrives(large: str, timeout: float) -> None:
+    """``LargeMessages``' second batch comes as sent: its 1 MiB error, or its 100k arrays."""
     collate_fn = _arrays_each if large != "error" else None
-    loader = DataLoader(LargeMessages(large == "error"), batch_size=BIG_BATCH, num_workers=1, timeout=10,
-                        collate_fn=collate_fn)
-    iterator = iter(loader)
+    iterator = iter(DataLoader(LargeMessages(large == "error"), batch_size=BIG_BATCH,
+                               num_workers=1, timeout=timeout, collate_fn=collate_fn))
     assert len(next(iterator)) == BIG_BATCH
     if large == "error":
         with pytest.raises(ValueError, match="x" * 1000):
@@ -949,7 +945,14 @@ def test_a_worker_sending_a_large_message_while_given_long_tasks_does_not_hang(l
         second = next(iterator)
         assert [int(a[0]) for a in second[::10_000]] == list(range(BIG_BATCH, 2 * BIG_BATCH,
                                                                    10_000))
-    del iterator
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("large", ["error", "batch of many arrays"])
+def test_a_worker_sending_a_large_message_while_given_long_tasks_does_not_hang(large, clean):
+    """A worker writing a large message waits for this process to read it, and this process
+    never waits for a worker to read its long lists of indices: neither waits for the other."""
+    _second_batch_arrives(large, timeout=10)
 
 
 @pytest.mark.timeout(60)
@@ -960,20 +963,10 @@ def test_a_default_socket_timeout_leaves_the_workers_pipes_as_they_were(large, c
     message through it fail half-written (torch's loader runs as usual)."""
     import socket
 
-    collate_fn = _arrays_each if large != "error" else None
-    loader = DataLoader(LargeMessages(large == "error"), batch_size=BIG_BATCH, num_workers=1,
-                        timeout=30, collate_fn=collate_fn)
     before = socket.getdefaulttimeout()
     socket.setdefaulttimeout(5)
     try:
-        iterator = iter(loader)
-        assert len(next(iterator)) == BIG_BATCH
-        if large == "error":
-            with pytest.raises(ValueError, match="x" * 1000):
-                next(iterator)
-        else:
-            assert len(next(iterator)) == BIG_BATCH
-        del iterator
+        _second_batch_arrives(large, timeout=30)
     finally:
         socket.setdefaulttimeout(before)
 
