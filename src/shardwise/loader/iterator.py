@@ -420,9 +420,11 @@ class LoaderIterator(_BaseDataLoaderIter):
             if isinstance(batch, _Failed):
                 # A dataset's error fails only its batch: the pass goes on, and so does its
                 # position (a resume does not read that batch again, nor the ones after it twice).
+                # Nor does this frame, in the error's traceback, hold the error: a pass dropped
+                # after a failed batch stops its workers at once, with no garbage collection.
                 error = batch.exception()
-                del batch  # (nor does this frame, in its traceback, hold it: a pass dropped
-                try:       # after a failed batch stops its workers at once)
+                del batch
+                try:
                     raise error
                 finally:
                     del error
