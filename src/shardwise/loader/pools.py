@@ -103,13 +103,12 @@ class Workers:
     def __init__(self, pool: ProcessPool | ThreadPool, base_seed: int, owner: object) -> None:
         self.pool, self.base_seed = pool, base_seed
         self._closer = weakref.finalize(owner, pool.close)
-        self._pid = os.getpid()
 
     @property
     def alive(self) -> bool:
         """Whether they run for this process: a process forked from the one that started them
         has none of them (its loader starts its own)."""
-        return self._closer.alive and os.getpid() == self._pid
+        return self._closer.alive and os.getpid() == self.pool._pid
 
     def close(self, grace: float = GRACE_SECONDS) -> None:
         """Stop the workers, giving each ``grace`` seconds to finish what it is on."""
@@ -314,8 +313,7 @@ class ProcessPool:
         if os.getpid() != self._pid:  # a forked child's exit: the workers are not its own
             return
         for sender in self._senders:  # (after the tasks it has not read: killed after grace)
-            sender.send(framed(("stop",)))
-            sender.outbox.put(None)  # its last
+            sender.finish(framed(("stop",)))
         deadline = time.monotonic() + grace
         try:
             for proc in self.procs:
@@ -391,6 +389,11 @@ class _Sender:
                     self.thread = threading.Thread(target=self._run, daemon=True,
                                                    name=f"shardwise-sender-{self.worker}")
                     self.thread.start()
+
+    def finish(self, message: bytes) -> None:
+        """Send ``message``, the last: the thread, if any, ends once it is written."""
+        self.send(message)
+        self.outbox.put(None)
 
     def _run(self) -> None:
         while (unsent := self.outbox.get()) is not None:
