@@ -29,7 +29,13 @@ PERMUTATIONS = ("torch", "feistel")
 """The shuffled orders; ``identity`` is what ``shuffle=False`` gives."""
 
 FEISTEL_MAX_SIZE = 2**63 - 1
-_ROUNDS = 4  # Luby-Rackoff: four rounds of a pseudo-random function give a pseudo-random permutation
+# Rounds of the Feistel network. Luby and Rackoff's four rounds make a pseudo-random permutation
+# only as its halves grow wide: with four, the places of two samples among 20, 33 or 1,024 were
+# measurably biased over 200,000 seeds (chi-square p below 1e-4, down to 1e-54). Six rounds
+# pass that test from 3-bit halves (N > 16) up; the 1- and 2-bit halves of N <= 16 need twelve.
+_ROUNDS = 6
+_SMALL_ROUNDS = 12
+_SMALL_HALF = 2  # the widest half that takes _SMALL_ROUNDS
 _CHUNK = 1 << 15  # positions per vectorised pass: the working arrays stay in L2 cache
 
 
@@ -84,6 +90,9 @@ class FeistelOrder:
     covers ``size``; values that land at or above ``size`` are encrypted again (cycle walking)
     until they fall inside, which keeps the map a bijection on ``[0, size)``. The round keys come
     from ``(seed, epoch)`` through SplitMix64, so any two configurations give unrelated orders.
+    A Feistel network of halves wider than one bit is an even permutation, so where it covers
+    exactly ``size`` (a power of four) it could never give an odd order: half of the keys swap
+    the samples at the places that 0 and 1 go to, so every order can come.
 
     >>> order = FeistelOrder(10, seed=0, epoch=0)
     >>> sorted(order.take(np.arange(10)).tolist())
@@ -95,10 +104,11 @@ class FeistelOrder:
             raise ValueError(f"feistel order needs 0 <= size <= 2**63 - 1, got size={size}")
         self.size = size
         bits = max(2, (size - 1).bit_length())
-        bits += bits % 2
-        half = np.uint64(bits // 2)
-        keys = [np.uint64(mix_ints(seed, epoch, round_)) for round_ in range(_ROUNDS)]
-        self._network = (np.uint64(size), half, (np.uint64(1) << half) - np.uint64(1), *keys)
+        half = (bits + bits % 2) // 2
+        rounds = _SMALL_ROUNDS if half <= _SMALL_HALF else _ROUNDS
+        keys = [np.uint64(mix_ints(seed, epoch, round_)) for round_ in range(rounds + 1)]
+        self._network = (np.uint64(size), np.uint64(half), (np.uint64(1) << np.uint64(half))
+                         - np.uint64(1), *keys)
 
     def take(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
@@ -123,25 +133,38 @@ def feistel_take(sizes: np.ndarray, seeds: np.ndarray, epoch: int,
     True
     """
     sizes = np.asarray(sizes).astype(np.uint64)
+    positions = np.asarray(positions).astype(np.uint64)
     bits = np.maximum(2, np.searchsorted(_POWERS_OF_TWO, sizes - np.uint64(1), side="right"))
     half = ((bits + bits % 2) // 2).astype(np.uint64)
-    keys = [mix_arrays(seeds, epoch, round_) for round_ in range(_ROUNDS)]
-    network = (sizes, half, (np.uint64(1) << half) - np.uint64(1), *keys)
-    return _walk(np.asarray(positions).astype(np.uint64), network).view(np.int64)
+    base = mix_arrays(seeds, epoch)  # (mix_ints folds one value at a time: its keys continue)
+    out = np.empty(positions.shape, dtype=np.uint64)
+    small = half <= _SMALL_HALF
+    for these, rounds in ((np.flatnonzero(small), _SMALL_ROUNDS),
+                          (np.flatnonzero(~small), _ROUNDS)):
+        if these.size:
+            keys = [mix64(base[these] ^ np.uint64(round_)) for round_ in range(rounds + 1)]
+            network = (sizes[these], half[these], (np.uint64(1) << half[these]) - np.uint64(1),
+                       *keys)
+            out[these] = _walk(positions[these], network)
+    return out.view(np.int64)
 
 
 _POWERS_OF_TWO = np.uint64(1) << np.arange(64, dtype=np.uint64)  # (bit lengths by searchsorted)
 
 
 def _walk(values: np.ndarray, network: tuple) -> np.ndarray:
-    """Encrypt ``values`` until each is below its size. ``network`` is ``(size, half, mask,
-    *round_keys)``, each a scalar or an array with one entry per value."""
-    values = _encrypt(values, *network[1:])
+    """Encrypt ``values`` until each is below its size, then swap the places of 0 and 1 where
+    the last key's low bit says so. ``network`` is ``(size, half, mask, *round_keys, swap_key)``,
+    each a scalar or an array with one entry per value."""
+    cipher = network[:-1]
+    values = _encrypt(values, *cipher[1:])
     outside = np.flatnonzero(values >= network[0])
-    while outside.size:  # expected under 4 extra rounds: 2**bits < 4 * size
-        here = tuple(part[outside] if np.ndim(part) else part for part in network)
+    while outside.size:  # expected under 4 extra encryptions: 2**bits < 4 * size
+        here = tuple(part[outside] if np.ndim(part) else part for part in cipher)
         values[outside] = _encrypt(values[outside], *here[1:])
         outside = outside[values[outside] >= here[0]]
+    size, swap = network[0], network[-1] & np.uint64(1)
+    np.bitwise_xor(values, swap, out=values, where=(values < np.uint64(2)) & (size >= np.uint64(2)))
     return values
 
 

@@ -16,7 +16,14 @@ from shardwise.checks import require_bool, require_choice, require_int, same_sav
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import mix_ints
 from shardwise.order import PERMUTATIONS, Order, make_order
-from shardwise.samplers.passes import MAX_SIZE, SEED_MAX, SEED_MIN, EpochSampler, bounds
+from shardwise.samplers.passes import (
+    MAX_SIZE,
+    OTHER_VERSION_HINT,
+    SEED_MAX,
+    SEED_MIN,
+    EpochSampler,
+    bounds,
+)
 from shardwise.segments import Segments
 from shardwise.split import (
     LAYOUTS,
@@ -27,7 +34,7 @@ from shardwise.split import (
     split_total,
 )
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: Feistel orders of six or more rounds
 # Fields that must match between a saved state and the sampler that loads it.
 STATE_IDENTITY = ("size", "seed", "permutation")
 STATE_FIELDS = ("version", *STATE_IDENTITY, "epoch", "layout", "remainder", "num_replicas",
@@ -394,7 +401,8 @@ def _read_state(state: Mapping[str, Any], sampler: DistributedSampler) -> _Saved
     if missing:
         raise ValueError(f"not a shardwise sampler state: missing {', '.join(missing)}")
     if not same_saved(state["version"], STATE_VERSION):
-        raise ValueError(f"sampler state version {state['version']!r} is not {STATE_VERSION}")
+        raise ValueError(f"sampler state version {state['version']!r} is not {STATE_VERSION}: "
+                         f"{OTHER_VERSION_HINT}")
     mine = sampler.config()
     for key in STATE_IDENTITY:
         if not same_saved(state[key], mine[key]):

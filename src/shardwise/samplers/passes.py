@@ -33,6 +33,10 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_SIZE = 2**63 - 1  # sample indices (and positions in a rank's stream) are int64
 FIRST_CHUNK = 256  # the first index must come at once, even when a pass is costly to start
 CHUNK = 1 << 16
+# What a sampler says of a state another version saved: its orders may differ (version 2 of
+# DistributedSampler's states, 3 of the stream samplers': Feistel orders of six or more rounds).
+OTHER_VERSION_HINT = ("it was saved by another version of shardwise, whose orders may differ: "
+                      "resume it with that version, or begin the next epoch with set_epoch")
 
 
 class Position(Protocol):

@@ -13,9 +13,10 @@ from typing import Any
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 from shardwise.checks import require_int, same_saved
-from shardwise.samplers.passes import EpochSampler
+from shardwise.samplers.passes import OTHER_VERSION_HINT, EpochSampler
 
-STATE_VERSION = 2  # 2: with the digest of the labels or weights drawn from
+# 2: with the digest of the labels or weights drawn from; 3: Feistel orders of six or more rounds
+STATE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
         for key, value in expected.items():
             if not same_saved(state.get(key), value):
                 hint = (f"build the sampler over the {key.split('_')[0]} it was saved with"
-                        if key in drawn_from else self._RESUME_HINT)
+                        if key in drawn_from else OTHER_VERSION_HINT if key == "version"
+                        else self._RESUME_HINT)
                 raise ValueError(
                     f"the state was saved with {key}={state.get(key)!r} but this sampler has "
                     f"{key}={value!r}; {hint}")
