@@ -225,3 +225,34 @@ def test_torchdatas_loader_resumes_a_buffer_at_every_step_of_a_second_epoch(work
         rest = [batch.tolist() for batch in resumed]
         assert delivered + rest == epochs[1], stop
     assert sorted(item for batch in epochs[1] for item in batch) == list(range(60))  # each once
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("loader", ["shardwise", "torchdata"])
+def test_another_ranks_state_whose_worker_had_found_its_end_is_refused(loader):
+    """Rank 0's worker 1 ran out, and its worker 0 took its turns where rank 1's worker 1 took
+    them: rank 0's counts do not place rank 1, so the state is refused (as a ShardedIterable
+    refuses it) rather than rank 1 losing its worker 1's rest."""
+    make = DataLoader
+    if loader == "torchdata":
+        make = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+
+    def on(rank):
+        sizes = {0: 9, 9: 3, 12: 9, 21: 9}  # rank 0's worker 1 has one batch
+        shards = [range(start, start + size) for start, size in sizes.items()]
+        stream = ShuffleBuffer(shard_iterable(shards=shards, rank=rank, world_size=2), 2, seed=1)
+        return make(stream, batch_size=3, num_workers=2)
+
+    def resumed_on_rank_1(batches):
+        saving = on(0)
+        iterator = iter(saving)
+        for _ in range(batches):
+            next(iterator)
+        resumed = on(1)
+        resumed.load_state_dict(saving.state_dict())
+        return [item for batch in resumed for item in batch.tolist()]
+
+    whole = [item for batch in on(1) for item in batch.tolist()]
+    assert sorted(resumed_on_rank_1(3)) == sorted(whole[9:])  # before: each rank in step
+    with pytest.raises(ValueError, match=r"another consumer's \(\[1, 4\].*stream had ended"):
+        resumed_on_rank_1(4)  # worker 1's end was found before the 4th batch

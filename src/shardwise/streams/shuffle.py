@@ -68,16 +68,31 @@ class ShuffleBuffer(IterableDataset):
         epoch = self.epoch if resume is None else resume["epoch"]
         rng = np.random.Generator(np.random.PCG64(mix_ints(self.seed, epoch, me)))
         live: dict[str, Any] = {"buffer": [], "rng": rng, "yielded": 0, "skip": 0,
-                                "consumer": [me, consumers], "epoch": epoch, "ended": False}
+                                "consumer": [me, consumers], "epoch": epoch, "ended": False,
+                                "exhausted": False}
         if resume is not None:
             if "upstream" in resume and saved == [me, consumers]:  # this consumer's own
                 self.iterable.load_state_dict(resume["upstream"])
                 live.update(buffer=list(resume["buffer"]), yielded=resume["yielded"])
                 rng.bit_generator.state = resume["rng"]
             else:  # read this consumer's stream again and pass over what was yielded
+                self._check_placeable(resume.get("exhausted", False), saved, consumers)
                 live.update(skip=resume["yielded"], loaded=resume)
         self._resume, self._live = None, live  # (a refusal above leaves the state loaded)
         return _shuffled(iter(self.iterable), self.buffer_size, live)
+
+    def _check_placeable(self, exhausted: bool, saved: list[int] | None, consumers: int
+                         ) -> None:
+        """Refuse another consumer's state whose stream was found at its end while its rank's
+        other workers went on: they took its turns, so counts of yielded items no longer match
+        (as ``ShardedIterable`` refuses such a state)."""
+        world_size = getattr(self.iterable, "world_size", 1)
+        if exhausted and consumers > world_size:
+            raise ValueError(
+                f"the state is another consumer's ({saved}: consumer, consumers), "
+                "whose stream had ended: after that its rank's workers took turns unlike "
+                "this rank's, so this consumer's place cannot be known from it; save a state "
+                "on every rank and load each rank's own")
 
     def state_dict(self) -> dict[str, Any]:
         """The buffer, the draws so far and the upstream position: enough to go on exactly
@@ -88,11 +103,12 @@ class ShuffleBuffer(IterableDataset):
         state: dict[str, Any] = {"version": STATE_VERSION, "epoch": self.epoch,
                                  "seed": self.seed, "buffer_size": self.buffer_size,
                                  "buffer": [], "rng": None, "yielded": 0, "consumer": None,
-                                 "ended": False}
+                                 "ended": False, "exhausted": False}
         if live:
             state.update(epoch=live["epoch"], buffer=list(live["buffer"]),
                          rng=live["rng"].bit_generator.state, yielded=live["yielded"],
-                         consumer=list(live["consumer"]), ended=live["ended"])
+                         consumer=list(live["consumer"]), ended=live["ended"],
+                         exhausted=live["exhausted"])
         if callable(getattr(self.iterable, "state_dict", None)):
             state["upstream"] = self.iterable.state_dict()
         return state
@@ -160,4 +176,5 @@ def _shuffled(items: Iterator[Any], size: int, live: dict[str, Any]) -> Iterator
         live["ended"] = not buffer  # (a state taken on the last item has seen the end)
         if not passed_over():
             yield out
-    live["ended"] = True
+    # Asked for more after its last item: a loader's other workers take this one's turns now.
+    live["ended"] = live["exhausted"] = True
