@@ -89,8 +89,8 @@ class ShuffleBuffer(IterableDataset):
         world_size = getattr(self.iterable, "world_size", 1)
         if exhausted and consumers > world_size:
             raise ValueError(
-                f"the state is another consumer's ({saved}: consumer, consumers), "
-                "whose stream had ended: after that its rank's workers took turns unlike "
+                f"the state is another rank's, whose consumer {saved[0]} of {saved[1]} had found "
+                "its stream's end: after that its rank's other workers took its turns, unlike "
                 "this rank's, so this consumer's place cannot be known from it; save a state "
                 "on every rank and load each rank's own")
 
