@@ -44,3 +44,24 @@ def test_parquet_row_groups_as_shards_resume_mid_group(tmp_path):
                              world_size=1)
     resumed.load_state_dict(state)
     assert head + [row["id"] for row in resumed] == list(range(50))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shard_cut_short_since_the_state_was_saved_is_named_not_passed_over(tmp_path, workers):
+    write_lines(tmp_path, files=2)  # 3 and 4 lines
+    loader = DataLoader(shard_iterable(shards=line_shards(tmp_path), rank=0, world_size=1),
+                        batch_size=None, num_workers=workers)
+    iterator = iter(loader)
+    next(iterator), next(iterator)  # each worker (or the one stream) is 1 or 2 lines in
+    state = loader.state_dict()
+    del iterator
+    for path in tmp_path.glob("*.txt"):
+        path.write_text("")
+    resumed = DataLoader(shard_iterable(shards=line_shards(tmp_path), rank=0, world_size=1),
+                         batch_size=None, num_workers=workers)
+    resumed.load_state_dict(state)
+    where = "after item 2 of shard 0" if workers == 0 else "after item 1 of shard [01]"
+    with pytest.raises(ValueError, match=rf"{where} \(lines of .*part-.\.txt .*\), which holds "
+                       "fewer now"):
+        list(resumed)

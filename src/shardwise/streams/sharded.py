@@ -131,7 +131,13 @@ class ShardedIterable(IterableDataset):
             items = _open(self.shards[mine[number]])
             if not whole:
                 items = islice(items, (me - mine[number]) % consumers, None, consumers)
-            for item in islice(items, offset, None):
+            if offset and sum(1 for _ in islice(items, offset)) < offset:
+                raise ValueError(
+                    f"the state places consumer {me} after item {offset} of shard "
+                    f"{mine[number]} ({shard_identity(self.shards[mine[number]])}), which "
+                    "holds fewer now: was it changed since the state was saved? Resume over "
+                    "the shards it was saved with, or begin the epoch afresh")
+            for item in items:
                 offset += 1
                 read += 1
                 self._progress[me] = (number, offset, read)
