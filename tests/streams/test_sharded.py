@@ -377,3 +377,23 @@ def test_persistent_workers_resumed_from_an_ended_epoch_read_the_next_one_whole(
     resumed = loader()
     resumed.load_state_dict(first.state_dict())
     assert [repr(batch) for batch in resumed] == [repr(batch) for batch in epoch]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_every_rank_reads_the_next_epoch_whole_from_rank_0s_state_saved_at_its_end(workers):
+    """Lightning's checkpoint at an epoch's end: rank 0's state, in which its one consumer (or
+    each worker) read its whole share, given to every rank. With one consumer a rank there are
+    no turns to lose track of, so no rank refuses it (with no workers it was refused)."""
+    def loader(rank):
+        stream = shard_iterable(shards=shards_of([6] * 8), rank=rank, world_size=2)
+        return DataLoader(stream, batch_size=3, num_workers=workers)
+
+    saved = loader(0)
+    for _ in saved:
+        pass
+    for rank in (0, 1):
+        resumed = loader(rank)
+        resumed.load_state_dict(saved.state_dict())
+        whole = [batch[1].tolist() for batch in loader(rank)]
+        assert [batch[1].tolist() for batch in resumed] == whole

@@ -199,11 +199,13 @@ class ShardedIterable(IterableDataset):
 
     def _check_placeable(self) -> None:
         """Refuse another rank's state that cannot place this rank: one of its consumers had
-        read its whole share, after which that rank's workers took turns unlike this one's."""
+        read its whole share, after which that rank's workers took turns unlike this one's.
+        (With one consumer a rank there are no turns: a rank whose share is shorter than the
+        count is refused as it reads.)"""
         if not self._resume or self._consumers is None:
             return
         workers = max(1, self._consumers // self.world_size)
-        if any(consumer // workers == self.rank for consumer in self._resume):
+        if workers == 1 or any(consumer // workers == self.rank for consumer in self._resume):
             return  # this rank's own
         ended = sorted(c for c, (shard, _, _) in self._resume.items()
                        if shard >= len(self.shards_of(c, self._consumers)))
