@@ -50,9 +50,9 @@ class Counted(torch.utils.data.IterableDataset):
 
 
 class Recorder(lightning.LightningModule):
-    def __init__(self, folder: str, run: str, streamed: bool = False) -> None:
+    def __init__(self, folder: str, run: str, streamed: bool = False, workers: int = 1) -> None:
         super().__init__()
-        self.folder, self.run, self.streamed = folder, run, streamed
+        self.folder, self.run, self.streamed, self.workers = folder, run, streamed, workers
         self.layer = torch.nn.Linear(1, 1)
         self.seen: list[tuple[int, int]] = []  # (epoch, sample)
 
@@ -61,9 +61,9 @@ class Recorder(lightning.LightningModule):
             shards = [[torch.tensor([float(i)]) for i in range(start, start + 5)]
                       for start in range(0, SIZE, 5)]
             stream = Counted(shard_iterable(shards=shards), SIZE // WORLD)
-            return DataLoader(stream, batch_size=BATCH, num_workers=1)
+            return DataLoader(stream, batch_size=BATCH, num_workers=self.workers)
         return DataLoader(Indexed(), batch_size=BATCH, shuffle=True, distributed=True, seed=5,
-                          num_workers=1)
+                          num_workers=self.workers)
 
     def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
         self.seen.extend((self.current_epoch, int(i)) for i in batch.flatten())
@@ -98,6 +98,23 @@ def test_a_run_resumed_mid_epoch_trains_each_sample_once(tmp_path, streamed):
                                         ckpt_path=checkpoint)
     assert sorted(trained(tmp_path, {"first": WORLD, "second": WORLD})[0].elements()) == list(
         range(SIZE))
+
+
+@pytest.mark.timeout(300)
+def test_a_stream_checkpointed_at_an_epochs_end_resumes_the_next_epoch_whole(tmp_path):
+    """The checkpoint Lightning saves as an epoch ends, over a stream read with no workers:
+    the resumed run trains the next epoch whole on every rank."""
+    workers = 0
+    checkpoints = tmp_path / "checkpoints"
+    saver = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=checkpoints, save_top_k=-1,
+                                                        save_on_train_epoch_end=True)
+    trainer(tmp_path, max_epochs=1, callbacks=[saver]).fit(
+        Recorder(str(tmp_path), "first", streamed=True, workers=workers))
+    (checkpoint,) = checkpoints.glob("*.ckpt")
+    trainer(tmp_path, max_epochs=2).fit(
+        Recorder(str(tmp_path), "second", streamed=True, workers=workers), ckpt_path=checkpoint)
+    epochs = trained(tmp_path, {"first": WORLD, "second": WORLD})
+    assert [sorted(epochs[epoch].elements()) for epoch in (0, 1)] == [list(range(SIZE))] * 2
 
 
 def trained(folder: Path, runs: dict[str, int]) -> dict[int, Counter]:
