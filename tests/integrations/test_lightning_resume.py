@@ -104,15 +104,14 @@ def test_a_run_resumed_mid_epoch_trains_each_sample_once(tmp_path, streamed):
 def test_a_stream_checkpointed_at_an_epochs_end_resumes_the_next_epoch_whole(tmp_path):
     """The checkpoint Lightning saves as an epoch ends, over a stream read with no workers:
     the resumed run trains the next epoch whole on every rank."""
-    workers = 0
     checkpoints = tmp_path / "checkpoints"
     saver = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=checkpoints, save_top_k=-1,
                                                         save_on_train_epoch_end=True)
     trainer(tmp_path, max_epochs=1, callbacks=[saver]).fit(
-        Recorder(str(tmp_path), "first", streamed=True, workers=workers))
+        Recorder(str(tmp_path), "first", streamed=True, workers=0))
     (checkpoint,) = checkpoints.glob("*.ckpt")
     trainer(tmp_path, max_epochs=2).fit(
-        Recorder(str(tmp_path), "second", streamed=True, workers=workers), ckpt_path=checkpoint)
+        Recorder(str(tmp_path), "second", streamed=True, workers=0), ckpt_path=checkpoint)
     epochs = trained(tmp_path, {"first": WORLD, "second": WORLD})
     assert [sorted(epochs[epoch].elements()) for epoch in (0, 1)] == [list(range(SIZE))] * 2
 
