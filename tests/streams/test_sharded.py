@@ -260,10 +260,13 @@ def test_a_state_is_refused_by_another_number_of_workers_or_a_shorter_shard_list
     resumed.load_state_dict(state)
     with pytest.raises(ValueError, match="saved by 1 consumers .* this pass has 2"):
         list(TorchLoader(resumed, batch_size=None, num_workers=2))
+    edited = shard_iterable(shards=shards_of([3, 4, 5]), rank=0, world_size=1)
+    edited.load_state_dict({**state, "progress": {"0": [4, 0, 9]}})
+    with pytest.raises(ValueError, match="consumer 0 read 4 shards, but it has 3"):
+        list(edited)
     shorter = shard_iterable(shards=shards_of([3]), rank=0, world_size=1)
-    shorter.load_state_dict({**state, "progress": {"0": [4, 0, 9]}})
-    with pytest.raises(ValueError, match="consumer 0 read 4 shards, but it has 1"):
-        list(shorter)
+    with pytest.raises(ValueError, match="saved over another shard list .* another number"):
+        shorter.load_state_dict(state)
     with pytest.raises(TypeError, match="is the dict state_dict\\(\\) gave, got list"):
         shorter.load_state_dict([state])
     with pytest.raises(TypeError, match="no 'progress'"):
@@ -397,3 +400,18 @@ def test_every_rank_reads_the_next_epoch_whole_from_rank_0s_state_saved_at_its_e
         resumed.load_state_dict(saved.state_dict())
         whole = [batch[1].tolist() for batch in loader(rank)]
         assert [batch[1].tolist() for batch in resumed] == whole
+
+
+def test_a_shard_that_holds_fewer_items_than_its_saved_place_is_named():
+    held = {"first": list(range(5))}
+    shards = [lambda: held["first"], [10, 11]]  # made by a function: its length is not known
+    stream = shard_iterable(shards=shards, rank=0, world_size=1)
+    items = iter(stream)
+    assert [next(items) for _ in range(3)] == [0, 1, 2]
+    state = stream.state_dict()
+    held["first"] = [0]  # shorter since
+    resumed = shard_iterable(shards=shards, rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"consumer 0 after item 3 of shard 0 \(.*\), which "
+                       "holds fewer now"):
+        list(resumed)

@@ -174,7 +174,8 @@ class ShardedIterable(IterableDataset):
         over as many items of its share as the saved consumer with its worker number read."""
         return {"version": STATE_VERSION, "world_size": self.world_size,
                 "consumers": self._consumers,
-                "progress": {str(c): list(p) for c, p in self._progress.items()}}
+                "progress": {str(c): list(p) for c, p in self._progress.items()},
+                "files": self._files_digest()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a saved progress (the same world size and number of workers)."""
@@ -187,6 +188,13 @@ class ShardedIterable(IterableDataset):
                 isinstance(place, (list, tuple)) and len(place) == 3 for place in progress.values()):
             raise TypeError("the state has no 'progress' of its consumers, each [shard, offset, "
                             "items read]: pass what state_dict() gave")
+        if state.get("files", self._files_digest()) != self._files_digest():
+            raise ValueError(
+                "the state was saved over another shard list than this stream's (other files or "
+                "row groups, or another number of shards): a shard added, removed or changed "
+                "since would move every shard after it to another consumer, so some would be "
+                "read twice and others never. Resume over the shards the state was saved with, "
+                "or begin the epoch afresh")
         self._resume = {int(c): (require_int("saved shard", p[0], minimum=0),
                                  require_int("saved offset", p[1], minimum=0),
                                  require_int("saved items read", p[2], minimum=0))
@@ -221,11 +229,17 @@ class ShardedIterable(IterableDataset):
         return {"dataset": "ShardedIterable", "shards": len(self.shards),
                 "streamed": self.streamed, "num_replicas": self.world_size}
 
+    def _files_digest(self) -> str:
+        """A digest of the shard list that a resume must find again: the shards that name
+        files (by path and size, or row group) and the number of the others (a function's name
+        holds line numbers, which an edited script moves)."""
+        names = [shard_identity(shard) if _names_a_file(shard) else "" for shard in self.shards]
+        return f"{_digest(names):#018x}"
+
     def fingerprint(self) -> int:
         """A digest of the shard list, in order, each shard named alike on every rank (a file
         by its path, a function by its qualified name and the text it holds)."""
-        return digest(*(shard_identity(shard).encode("utf-8", "backslashreplace") + b"\0"
-                        for shard in self.shards))
+        return _digest([shard_identity(shard) for shard in self.shards])
 
 
 def shard_iterable(
@@ -272,6 +286,14 @@ def shard_identity(shard: Shard) -> str:
     except Exception:  # noqa: BLE001 - no length (a stream), or one that refuses to tell
         size = ""
     return f"{qualified_name(type(shard))}{size}"
+
+
+def _digest(names: list[str]) -> int:
+    return digest(*(name.encode("utf-8", "backslashreplace") + b"\0" for name in names))
+
+
+def _names_a_file(shard: Shard) -> bool:
+    return callable(getattr(shard, "identity", None)) or isinstance(shard, (str, os.PathLike))
 
 
 _PLAIN = (int, float, str, bytes, bool, type(None))
