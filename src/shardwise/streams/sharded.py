@@ -195,14 +195,20 @@ class ShardedIterable(IterableDataset):
                 "since would move every shard after it to another consumer, so some would be "
                 "read twice and others never. Resume over the shards the state was saved with, "
                 "or begin the epoch afresh")
+        # None: saved before any pass began.
+        consumers = None if consumers is None else require_int("saved consumers", consumers,
+                                                               minimum=1)
+        if any(not (isinstance(c, str) and c.isdigit() and int(c) < (consumers or 0))
+               for c in progress):
+            raise ValueError(f"the state's progress is by consumer number, below the {consumers} "
+                             f"consumers that saved it, got {sorted(map(str, progress))}: pass "
+                             "what state_dict() gave")
         self._resume = {int(c): (require_int("saved shard", p[0], minimum=0),
                                  require_int("saved offset", p[1], minimum=0),
                                  require_int("saved items read", p[2], minimum=0))
                         for c, p in progress.items()}
         self._progress = dict(self._resume)
-        # None: saved before any pass began.
-        self._consumers = None if consumers is None else require_int(
-            "saved consumers", consumers, minimum=1)
+        self._consumers = consumers
         self._check_placeable()
 
     def _check_placeable(self) -> None:
