@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from shardwise import ClassBalancedSampler, DataLoader, check_consistent
 
@@ -71,6 +72,19 @@ def test_a_class_smaller_than_the_world_still_works():
     labels = [0] * 30 + [1]  # one sample of class 1, four ranks
     streams = [list(ClassBalancedSampler(labels, 4, r)) for r in range(4)]
     assert all(s.count(30) == len(s) // 2 for s in streams)  # every rank draws it each round
+
+
+def test_ranks_draw_a_class_smaller_than_the_world_independently():
+    # Each rank drew such a class in the pool's order, shared by all: in round 0 every rank
+    # drew the same sample for all 900 seeds (chi-square p = 0 against the 9 equal pairs).
+    labels = [0] * 40 + [1] * 3  # class 1: samples 40, 41 and 42; four ranks
+    pairs = Counter()
+    for seed in range(900):
+        firsts = [next(int(i) for i in ClassBalancedSampler(labels, 4, rank, seed=seed)
+                       .stream(0, np.arange(2)) if i >= 40) for rank in (0, 1)]
+        pairs[tuple(firsts)] += 1
+    counts = [pairs[(a, b)] for a in range(40, 43) for b in range(40, 43)]
+    assert stats.chisquare(counts).pvalue > 1e-4
 
 
 def test_a_batch_size_that_is_a_multiple_of_the_classes_gives_every_class_every_batch():

@@ -9,8 +9,9 @@ disjointly over the ranks (rank ``r`` takes pool positions ``r, r + W, ...``). A
 share of a class in order; when a small class's share runs out before the epoch ends, the share
 is reshuffled and drawn again, so within an epoch a sample repeats only when its class must be
 oversampled. A class with fewer samples than ranks cannot be split: every rank then draws from
-all of it. Every permutation is a keyed Feistel network, so the sample at any stream position is
-computed directly: O(|C|) to resume anywhere, nothing stored per epoch.
+all of it, each in an order of its own. Every permutation is a keyed Feistel network, so the
+sample at any stream position is computed directly: O(|C|) to resume anywhere, nothing stored
+per epoch.
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ class ClassBalancedSampler(RankStreamSampler):
         split = sizes >= world  # too small to split: every rank draws from all of it
         shares = np.where(split, rank_count(sizes, world, rank, "uneven"), sizes)
         cycles, places = np.divmod(draws, shares)
-        again = np.flatnonzero((cycles > 0) & (shares > 1))  # (a share of one: nothing moves)
+        # A class too small to split is drawn in the rank's own order from its first cycle on:
+        # in the pool's order, shared by all ranks, every rank would draw the same sample at
+        # the same step until the class was used up. (A share of one: nothing moves.)
+        again = np.flatnonzero(((cycles > 0) | ~split) & (shares > 1))
         places[again] = feistel_take(shares[again], mix_arrays(
             self.seed, classes[again], rank, cycles[again]), epoch, places[again])
         pool_positions = np.where(split, places * world + rank, places)

@@ -15,7 +15,8 @@ from torch.utils.data import DistributedSampler as TorchDistributedSampler
 from shardwise.checks import require_int, same_saved
 from shardwise.samplers.passes import OTHER_VERSION_HINT, EpochSampler
 
-# 2: with the digest of the labels or weights drawn from; 3: Feistel orders of six or more rounds
+# 2: with the digest of the labels or weights drawn from; 3: Feistel orders of six or more rounds,
+# each rank's own order of a class smaller than the world
 STATE_VERSION = 3
 
 
