@@ -16,7 +16,8 @@ from shardwise.checks import require_int, same_saved
 from shardwise.samplers.passes import OTHER_VERSION_HINT, EpochSampler
 
 # 2: with the digest of the labels or weights drawn from; 3: Feistel orders of six or more rounds,
-# each rank's own order of a class smaller than the world
+# each rank's own order of a class smaller than the world, draws without replacement dealt
+# to the ranks at random
 STATE_VERSION = 3
 
 

@@ -6,6 +6,8 @@ cumulative sums (no limit on the number of categories, where ``torch.multinomial
 2^24). The stream's generator (PCG64) jumps to any position, so a resume costs nothing.
 Without replacement one global weighted permutation of all samples (Efraimidis and Spirakis'
 exponential keys) is split over the ranks: no sample is drawn twice across the whole world.
+Each ``W`` consecutive places of it are dealt to the ranks in a random order, so every rank
+draws alike (in rank order, lower ranks would draw heavier samples).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import torch
 
 from shardwise.checks import require_bool, require_int
 from shardwise.distributed.world import resolve_world
-from shardwise.mix import digest, mix_ints
+from shardwise.mix import digest, mix_arrays, mix_ints
+from shardwise.order import feistel_take
 from shardwise.samplers.passes import MAX_SIZE, SEED_MAX, SEED_MIN
 from shardwise.samplers.rank_streams import RankStreamSampler, StreamPosition
+
+_DEAL = 0xDEA1  # keys the deal of each group of W draws without replacement to the ranks
 
 
 class WeightedDistributedSampler(RankStreamSampler):
@@ -77,13 +82,24 @@ class WeightedDistributedSampler(RankStreamSampler):
         first, count = at.offset + start, stop - start
         if not self.replacement:
             positions = np.arange(first, first + count, dtype=np.int64)
-            return self._permutation(at.epoch)[positions * self.num_replicas + self.rank]
+            return self._permutation(at.epoch)[positions * self.num_replicas
+                                               + self._slots(at.epoch, positions)]
         generator = np.random.PCG64(self._stream_seed(at.epoch))
         generator.advance(first)  # one 64-bit draw a sample: jump straight to the position
         uniform = np.random.Generator(generator).random(count) * self._cumulative[-1]
         found = np.searchsorted(self._cumulative, uniform, side="right")
         # A draw rounded up to the total itself would land past the last positive weight.
         return np.minimum(found, self._last_drawable).astype(np.int64)
+
+    def _slots(self, epoch: int, groups: np.ndarray) -> np.ndarray:
+        """This rank's place in each group of ``W`` consecutive draws of the permutation: the
+        same keyed shuffle of the group on every rank. Taken in rank order, rank 0 would always
+        have the heavier draw of the group (the permutation's earlier places are heavier)."""
+        world = self.num_replicas
+        if world == 1:
+            return np.zeros(groups.shape, dtype=np.int64)
+        return feistel_take(np.full(groups.shape, world), mix_arrays(self.seed, _DEAL, groups),
+                            epoch, np.full(groups.shape, self.rank))
 
     def _stream_seed(self, epoch: int) -> np.random.SeedSequence:
         """This rank's child of the epoch's root seed: children of one root never coincide."""
