@@ -172,7 +172,11 @@ def _shuffled(items: Iterator[Any], size: int, live: dict[str, Any]) -> Iterator
         if not passed_over():
             yield out
     while buffer:
-        out = buffer.pop(int(rng.integers(len(buffer))))
+        # The drawn item swaps places with the last, which goes: list.pop(slot) would move
+        # every item after the slot, quadratic in the buffer (seconds a pass at 10^5 items).
+        slot = int(rng.integers(len(buffer)))
+        buffer[slot], buffer[-1] = buffer[-1], buffer[slot]
+        out = buffer.pop()
         live["ended"] = not buffer  # (a state taken on the last item has seen the end)
         if not passed_over():
             yield out
