@@ -256,3 +256,21 @@ def test_another_ranks_state_whose_worker_had_found_its_end_is_refused(loader):
     assert sorted(resumed_on_rank_1(3)) == sorted(whole[9:])  # before: each rank in step
     with pytest.raises(ValueError, match=r"another rank's, whose consumer 1 of 4 had found its stream's end"):
         resumed_on_rank_1(4)  # worker 1's end was found before the 4th batch
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_another_ranks_state_past_this_ranks_whole_stream_is_refused(buffered):
+    """Rank 0 read 6 items; rank 1's share holds 4: a buffer given rank 0's state is refused,
+    as the stream under it is, rather than yielding nothing (its 4 items never trained)."""
+    def on(rank):
+        stream = shard_iterable(shards=[range(8), range(8, 12)], rank=rank, world_size=2)
+        return ShuffleBuffer(stream, 2, seed=1) if buffered else stream
+
+    saving = on(0)
+    items = iter(saving)
+    for _ in range(6):
+        next(items)
+    resumed = on(1)
+    resumed.load_state_dict(saving.state_dict())
+    with pytest.raises(ValueError, match="before the 6 that the"):
+        list(resumed)

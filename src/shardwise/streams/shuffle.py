@@ -180,5 +180,12 @@ def _shuffled(items: Iterator[Any], size: int, live: dict[str, Any]) -> Iterator
         live["ended"] = not buffer  # (a state taken on the last item has seen the end)
         if not passed_over():
             yield out
+    if live["skip"]:  # this stream ended before the other consumer's count: not in step
+        me, consumers = live["consumer"]
+        raise ValueError(
+            f"consumer {me} of {consumers} yielded its whole stream ({live['yielded']} items) "
+            f"before the {live['yielded'] + live['skip']} that the state says were yielded: "
+            "its consumer did not take as many batches as this one, so this consumer's place "
+            "cannot be known from it; save a state on every rank and load each rank's own")
     # Asked for more after its last item: a loader's other workers take this one's turns now.
     live["ended"] = live["exhausted"] = True
