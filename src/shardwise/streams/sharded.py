@@ -198,7 +198,7 @@ class ShardedIterable(IterableDataset):
         # None: saved before any pass began.
         consumers = None if consumers is None else require_int("saved consumers", consumers,
                                                                minimum=1)
-        if any(not (isinstance(c, str) and c.isdigit() and int(c) < (consumers or 0))
+        if any(not (isinstance(c, str) and c.isdecimal() and int(c) < (consumers or 0))
                for c in progress):
             raise ValueError(f"the state's progress is by consumer number, below the {consumers} "
                              f"consumers that saved it, got {sorted(map(str, progress))}: pass "
