@@ -133,3 +133,16 @@ def test_identity_and_unknown_names():
     assert make_order(5, 9, 9, None).take(np.arange(5)).tolist() == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match=r"unknown permutation 'random'.*'torch', 'feistel'"):
         make_order(5, 0, 0, "random")
+
+
+def test_feistel_take_broadcasts_a_size_or_seed_given_once_and_keeps_the_shape():
+    """One order's positions with its size and seed given once (as before the rounds were
+    grouped by size), and a 2-D grid of mixed sizes (flat indices were taken along rows)."""
+    whole = FeistelOrder(10, seed=7, epoch=1).take(np.arange(10))
+    assert feistel_take(10, np.uint64(7), 1, np.arange(10)).tolist() == whole.tolist()
+    sizes = np.array([[3, 17], [4, 2**40], [16, 5]])
+    seeds = np.arange(6, dtype=np.uint64).reshape(3, 2)
+    positions = np.array([[2, 16], [3, 12345], [15, 4]])
+    one_each = [[FeistelOrder(int(size), int(seed), 1).take(np.array([place]))[0]
+                 for size, seed, place in zip(*rows)] for rows in zip(sizes, seeds, positions)]
+    assert feistel_take(sizes, seeds, 1, positions).tolist() == one_each

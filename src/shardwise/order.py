@@ -122,9 +122,9 @@ class FeistelOrder:
 
 def feistel_take(sizes: np.ndarray, seeds: np.ndarray, epoch: int,
                  positions: np.ndarray) -> np.ndarray:
-    """``FeistelOrder(size, seed, epoch).take(position)`` for each element of the equally long
-    ``sizes``, ``seeds`` (uint64) and ``positions``: many small orders in one vectorised pass,
-    where an order object per size would cost more than its few positions.
+    """``FeistelOrder(size, seed, epoch).take(position)`` for each element of the broadcast
+    ``sizes``, ``seeds`` (uint64) and ``positions``, in their shape: many small orders in one
+    vectorised pass, where an order object per size would cost more than its few positions.
 
     >>> sizes, seeds = np.array([10, 3]), np.array([7, 8], dtype=np.uint64)
     >>> one_each = [FeistelOrder(10, 7, 0).take(np.array([4]))[0],
@@ -132,8 +132,10 @@ def feistel_take(sizes: np.ndarray, seeds: np.ndarray, epoch: int,
     >>> feistel_take(sizes, seeds, 0, np.array([4, 2])).tolist() == one_each
     True
     """
-    sizes = np.asarray(sizes).astype(np.uint64)
-    positions = np.asarray(positions).astype(np.uint64)
+    # One flat entry per order: a size or seed given once (a scalar) serves every position.
+    shape = np.broadcast_shapes(np.shape(sizes), np.shape(seeds), np.shape(positions))
+    sizes, seeds, positions = (np.broadcast_to(np.asarray(part).astype(np.uint64), shape).ravel()
+                               for part in (sizes, seeds, positions))
     bits = np.maximum(2, np.searchsorted(_POWERS_OF_TWO, sizes - np.uint64(1), side="right"))
     half = ((bits + bits % 2) // 2).astype(np.uint64)
     base = mix_arrays(seeds, epoch)  # (mix_ints folds one value at a time: its keys continue)
@@ -146,7 +148,7 @@ def feistel_take(sizes: np.ndarray, seeds: np.ndarray, epoch: int,
             network = (sizes[these], half[these], (np.uint64(1) << half[these]) - np.uint64(1),
                        *keys)
             out[these] = _walk(positions[these], network)
-    return out.view(np.int64)
+    return out.view(np.int64).reshape(shape)
 
 
 _POWERS_OF_TWO = np.uint64(1) << np.arange(64, dtype=np.uint64)  # (bit lengths by searchsorted)
