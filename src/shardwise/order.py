@@ -138,7 +138,8 @@ def feistel_take(sizes: np.ndarray, seeds: np.ndarray, epoch: int,
                                for part in (sizes, seeds, positions))
     bits = np.maximum(2, np.searchsorted(_POWERS_OF_TWO, sizes - np.uint64(1), side="right"))
     half = ((bits + bits % 2) // 2).astype(np.uint64)
-    base = mix_arrays(seeds, epoch)  # (mix_ints folds one value at a time: its keys continue)
+    # Round keys mix64(base ^ round) are mix_ints(seed, epoch, round), as FeistelOrder's.
+    base = mix_arrays(seeds, epoch)
     out = np.empty(positions.shape, dtype=np.uint64)
     small = half <= _SMALL_HALF
     for these, rounds in ((np.flatnonzero(small), _SMALL_ROUNDS),

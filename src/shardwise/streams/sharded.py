@@ -170,7 +170,7 @@ class ShardedIterable(IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         """Each consumer's (shard number among its shards, items read in it, items read in the
-        pass): resumes mid-shard; loaded by another rank (or world size), each consumer passes
+        pass): resumes mid-shard; loaded by another rank (of as many), each consumer passes
         over as many items of its share as the saved consumer with its worker number read."""
         return {"version": STATE_VERSION, "world_size": self.world_size,
                 "consumers": self._consumers,
@@ -200,9 +200,9 @@ class ShardedIterable(IterableDataset):
                                                                minimum=1)
         if any(not (isinstance(c, str) and c.isdecimal() and int(c) < (consumers or 0))
                for c in progress):
-            raise ValueError(f"the state's progress is by consumer number, below the {consumers} "
-                             f"consumers that saved it, got {sorted(map(str, progress))}: pass "
-                             "what state_dict() gave")
+            raise ValueError(f"the state's progress is by consumer number, below the number of "
+                             f"consumers that saved it ({consumers}), got "
+                             f"{sorted(map(str, progress))}: pass what state_dict() gave")
         self._resume = {int(c): (require_int("saved shard", p[0], minimum=0),
                                  require_int("saved offset", p[1], minimum=0),
                                  require_int("saved items read", p[2], minimum=0))
@@ -241,7 +241,9 @@ class ShardedIterable(IterableDataset):
         files (by path and size, or row group) and the number of the others (a function's name
         holds line numbers, which an edited script moves). Taken once: every state holds it,
         and a loader takes a state with each batch (a list of 10^5 files hashes in ~50 ms)."""
-        names = [shard_identity(shard) if _names_a_file(shard) else "" for shard in self.shards]
+        # (paths are refused as shards: a file shard is one that says what it reads)
+        names = [shard_identity(shard) if callable(getattr(shard, "identity", None)) else ""
+                 for shard in self.shards]
         return f"{_digest(names):#018x}"
 
     def fingerprint(self) -> int:
@@ -298,10 +300,6 @@ def shard_identity(shard: Shard) -> str:
 
 def _digest(names: list[str]) -> int:
     return digest(*(name.encode("utf-8", "backslashreplace") + b"\0" for name in names))
-
-
-def _names_a_file(shard: Shard) -> bool:
-    return callable(getattr(shard, "identity", None)) or isinstance(shard, (str, os.PathLike))
 
 
 _PLAIN = (int, float, str, bytes, bool, type(None))

@@ -20,7 +20,9 @@ from shardwise.checks import require_int, require_saved_state
 from shardwise.mix import mix_ints
 from shardwise.samplers.passes import SEED_MAX, SEED_MIN
 
-STATE_VERSION = 2  # 2: each consumer draws its own places, and a state says whose it is
+# 2: each consumer draws its own places, and a state says whose it is; 3: the buffer drains by
+# swapping the drawn item with the last (a state read again by its count skips other items)
+STATE_VERSION = 3
 _STATE_KEYS = ("epoch", "seed", "buffer_size", "buffer", "rng", "yielded", "consumer", "ended")
 
 
