@@ -480,3 +480,23 @@ def test_the_fvec_width_comes_from_the_first_line_as_the_parse_reads_it(tmp_path
     with pytest.warns(UserWarning, match="v.txt:2: expected 2 features, got 1"):
         vectors, _ = read_records(path, Format("fvec", parser=strict, on_error="skip"), 0, 1)
     assert vectors["id"].tolist() == [1] and vectors["values"].tolist() == [[0.5, 0.25]]
+
+
+@pytest.mark.parametrize("pattern", ["fmap", "fset", "fvec"])
+def test_an_int_id_with_thousands_of_leading_zeros_reads_alike_on_every_path(tmp_path, pattern):
+    """pyarrow reads 4300 leading zeros and a 5 as 5; the per-line path called it too large for
+    int64 (Python's int() refuses strings of over 4300 digits), so a line beside bad ones was
+    skipped where alone it was read."""
+    line = "0" * 4300 + ("5,0.5\n" if pattern == "fvec" else "5,2\n")
+    fmt = Format(pattern, on_error="skip", features=1 if pattern == "fvec" else None)
+    path = _write(tmp_path, line, "alone.txt")
+    alone, _ = read_records(path, fmt)
+    dense = _write(tmp_path, "x,y\n" + line + "x" * 5000 + ",y\n", "dense.txt")  # all per line
+    with pytest.warns(UserWarning, match="skipped 2 malformed line"):
+        beside_bad, _ = read_records(dense, fmt)
+    hooked, _ = read_records(path, replace(fmt, parser=lambda text: text.split(",")))
+    assert alone.tolist() == beside_bad.tolist() == hooked.tolist() and len(alone) == 1
+    assert alone[0][0] == 5
+    with pytest.raises(ParseError, match="does not fit in int64"):
+        read_records(_write(tmp_path, "-" + "0" * 4300 + "9" * 20 + ",2\n", "big.txt"),
+                     Format("fmap"))

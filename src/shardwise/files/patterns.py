@@ -576,12 +576,17 @@ def _finish_ids(ids: list, fmt: Format) -> np.ndarray:
 def _int_id(token: object) -> int:
     if isinstance(token, (bool, np.bool_)) or not isinstance(token, (str, numbers.Integral)):
         raise TypeError(f"id {_cut(token)} must be a str or int")
-    if isinstance(token, str) and not _INT_TOKEN.fullmatch(token):
-        raise ValueError(f"id {_cut(token)} is not an integer (pass ids='str' for string ids)")
-    try:
+    if isinstance(token, str):
+        if not _INT_TOKEN.fullmatch(token):
+            raise ValueError(f"id {_cut(token)} is not an integer (pass ids='str' for string ids)")
+        # Leading zeros dropped first, as pyarrow reads them: int() refuses over 4300 digits
+        # (sys.get_int_max_str_digits) even where all but one are zeros; 20 are past int64.
+        text = token.strip(" \t")
+        digits = text.lstrip("-").lstrip("0") or "0"
+        sign = "-" if text.startswith("-") else ""
+        value = 2**63 if len(digits) > 19 else int(sign + digits)
+    else:
         value = int(token)
-    except ValueError:  # more digits than Python converts at once: far past int64 too
-        value = 2**63
     if value not in _INT64_RANGE:
         raise ValueError(f"id {_cut(token)} does not fit in int64 (pass ids='str' to hash it)")
     return value
