@@ -254,7 +254,8 @@ def test_another_ranks_state_whose_worker_had_found_its_end_is_refused(loader):
 
     whole = [item for batch in on(1) for item in batch.tolist()]
     assert sorted(resumed_on_rank_1(3)) == sorted(whole[9:])  # before: each rank in step
-    with pytest.raises(ValueError, match=r"another rank's, whose consumer 1 of 4 had found its stream's end"):
+    with pytest.raises(ValueError,
+                       match=r"another rank's, whose consumer 1 of 4 had found its stream's end"):
         resumed_on_rank_1(4)  # worker 1's end was found before the 4th batch
 
 
