@@ -276,7 +276,8 @@ def test_a_state_is_refused_by_another_number_of_workers_or_a_shorter_shard_list
     with pytest.raises(ValueError, match="another version of shardwise"):
         shorter.load_state_dict({**state, "version": 1})
     for progress in ({"a": [0, 1, 1]}, {"1": [0, 1, 1]}, {"²": [0, 1, 1]}):  # (one consumer)
-        with pytest.raises(ValueError, match=r"by consumer number, below the number of consumers that saved it \(1\)"):
+        with pytest.raises(ValueError, match=r"by consumer number, below the number of "
+                           r"consumers that saved it \(1\)"):
             edited.load_state_dict({**state, "progress": progress})
 
 
