@@ -105,8 +105,7 @@ class FeistelOrder:
         self.size = size
         bits = max(2, (size - 1).bit_length())
         half = (bits + bits % 2) // 2
-        rounds = _SMALL_ROUNDS if half <= _SMALL_HALF else _ROUNDS
-        keys = [np.uint64(mix_ints(seed, epoch, round_)) for round_ in range(rounds + 1)]
+        keys = [np.uint64(mix_ints(seed, epoch, round_)) for round_ in range(_rounds(half) + 1)]
         self._network = (np.uint64(size), np.uint64(half), (np.uint64(1) << np.uint64(half))
                          - np.uint64(1), *keys)
 
@@ -141,15 +140,20 @@ def feistel_take(sizes: np.ndarray, seeds: np.ndarray, epoch: int,
     # Round keys mix64(base ^ round) are mix_ints(seed, epoch, round), as FeistelOrder's.
     base = mix_arrays(seeds, epoch)
     out = np.empty(positions.shape, dtype=np.uint64)
-    small = half <= _SMALL_HALF
-    for these, rounds in ((np.flatnonzero(small), _SMALL_ROUNDS),
-                          (np.flatnonzero(~small), _ROUNDS)):
+    rounds_each = _rounds(half)
+    for rounds in (_SMALL_ROUNDS, _ROUNDS):  # one pass per number of rounds
+        these = np.flatnonzero(rounds_each == rounds)
         if these.size:
             keys = [mix64(base[these] ^ np.uint64(round_)) for round_ in range(rounds + 1)]
             network = (sizes[these], half[these], (np.uint64(1) << half[these]) - np.uint64(1),
                        *keys)
             out[these] = _walk(positions[these], network)
     return out.view(np.int64).reshape(shape)
+
+
+def _rounds(half: np.ndarray | int) -> np.ndarray:
+    """The rounds of a network whose halves are ``half`` bits wide (each, for an array)."""
+    return np.where(np.asarray(half) <= _SMALL_HALF, _SMALL_ROUNDS, _ROUNDS)
 
 
 _POWERS_OF_TWO = np.uint64(1) << np.arange(64, dtype=np.uint64)  # (bit lengths by searchsorted)
