@@ -273,3 +273,10 @@ def test_an_empty_first_part_does_not_set_the_types_of_a_rank_with_nothing(tmp_p
     tables = [read_table(tmp_path, rank, 3) for rank in range(3)]
     assert [t.num_rows for t in tables] == [0, 1, 1]
     assert tables[0].schema == tables[1].schema  # the columns of the file with rows
+
+
+def test_columns_given_as_a_generator_are_read_not_used_up_by_the_check(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": [1, 2], "b": [3, 4], "c": [5, 6]}), path)
+    table = read_table(path, 0, 1, columns=(name for name in ["a", "b"]))
+    assert table.column_names == ["a", "b"] and table.num_rows == 2

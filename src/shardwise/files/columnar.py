@@ -201,9 +201,12 @@ def column_names(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     """
     if columns is None:
         return None
-    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+    if isinstance(columns, str) or not isinstance(columns, Iterable):
         raise TypeError(f"columns must be a sequence of column names, got {columns!r}")
-    return tuple(columns)
+    names = tuple(columns)  # (read once: a generator checked, then read, would give no names)
+    if not all(isinstance(c, str) for c in names):
+        raise TypeError(f"columns must be a sequence of column names, got {list(names)!r}")
+    return names
 
 
 def table_plan(paths: Paths, world_size: int, *,
