@@ -280,3 +280,13 @@ def test_columns_given_as_a_generator_are_read_not_used_up_by_the_check(tmp_path
     pq.write_table(pa.table({"a": [1, 2], "b": [3, 4], "c": [5, 6]}), path)
     table = read_table(path, 0, 1, columns=(name for name in ["a", "b"]))
     assert table.column_names == ["a", "b"] and table.num_rows == 2
+
+
+def test_columns_given_as_a_set_are_refused_as_their_order_differs_between_processes(tmp_path):
+    """A set's order follows string hashes, salted per process: each rank would get its columns
+    in another order, and a loader would give the roles (src, dst, weight) to others."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"src": [1], "dst": [2], "weight": [3]}), path)
+    for columns in ({"src", "dst"}, frozenset(["src", "dst"])):
+        with pytest.raises(TypeError, match="columns must be in order.*a list"):
+            read_table(path, 0, 1, columns=columns)

@@ -203,6 +203,9 @@ def column_names(columns: Sequence[str] | None) -> tuple[str, ...] | None:
         return None
     if isinstance(columns, str) or not isinstance(columns, Iterable):
         raise TypeError(f"columns must be a sequence of column names, got {columns!r}")
+    if isinstance(columns, (set, frozenset)):  # (its order follows string hashes, per process)
+        raise TypeError(f"columns must be in order, the same on every rank, got the set "
+                        f"{columns!r}: pass them as a list")
     names = tuple(columns)  # (read once: a generator checked, then read, would give no names)
     if not all(isinstance(c, str) for c in names):
         raise TypeError(f"columns must be a sequence of column names, got {list(names)!r}")
