@@ -290,3 +290,14 @@ def test_columns_given_as_a_set_are_refused_as_their_order_differs_between_proce
     for columns in ({"src", "dst"}, frozenset(["src", "dst"])):
         with pytest.raises(TypeError, match="columns must be in order.*a list"):
             read_table(path, 0, 1, columns=columns)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_column_named_twice_is_refused_alike_for_every_format(tmp_path, kind):
+    """Parquet read it once and Arrow IPC raised pyarrow's 'Can't unify schema'."""
+    path = tmp_path / f"t.{kind}"
+    table = pa.table({"a": [1, 2], "b": [3, 4]})
+    pq.write_table(table, path) if kind == "parquet" else feather.write_feather(table, path)
+    for rank in range(3):
+        with pytest.raises(ValueError, match=r"columns names a column twice: \['a', 'b', 'a'\]"):
+            read_table(path, rank, 3, columns=["a", "b", "a"])

@@ -194,7 +194,7 @@ class TablePlan:
 
 def column_names(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     """``columns`` as a tuple of names (None: every column); a lone name is refused, not read
-    as its letters.
+    as its letters, and so is a name given twice.
 
     >>> column_names(["src", "dst"]), column_names(None)
     (('src', 'dst'), None)
@@ -209,6 +209,8 @@ def column_names(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     names = tuple(columns)  # (read once: a generator checked, then read, would give no names)
     if not all(isinstance(c, str) for c in names):
         raise TypeError(f"columns must be a sequence of column names, got {list(names)!r}")
+    if len(set(names)) != len(names):  # (Parquet reads such a column once, Arrow IPC refuses)
+        raise ValueError(f"columns names a column twice: {list(names)}")
     return names
 
 

@@ -67,8 +67,6 @@ def check_columns(columns: Sequence[str], fmt: Format) -> tuple[str, ...]:
     elif len(columns) not in (2, 3):
         raise ValueError(f"columns for edges are (src, dst) or (src, dst, weight), got "
                          f"{list(columns)}: name 2 or 3 columns")
-    if len(set(columns)) != len(columns):
-        raise ValueError(f"columns names a column twice: {list(columns)}")
     return columns
 
 
