@@ -301,3 +301,13 @@ def test_a_column_named_twice_is_refused_alike_for_every_format(tmp_path, kind):
     for rank in range(3):
         with pytest.raises(ValueError, match=r"columns names a column twice: \['a', 'b', 'a'\]"):
             read_table(path, rank, 3, columns=["a", "b", "a"])
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_named_column_that_a_later_file_lacks_is_named(tmp_path, world_size):
+    pq.write_table(pa.table({"src": [1, 2], "dst": [3, 4]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"src": [5], "dest": [6]}), tmp_path / "b.parquet")
+    for rank in range(world_size):
+        with pytest.raises(ValueError, match=r"b.parquet has no column 'dst': its columns are "
+                                             "src, dest; name them in columns="):
+            read_table(tmp_path, rank, world_size, columns=["src", "dst"])

@@ -340,8 +340,10 @@ def check_one_schema(plan: TablePlan, columns: Sequence[str] | None
         return model, None, False
     schemas = dict(zip(plan.sources, plan.schemas))
     expected, held = schemas[model], [source for source in plan.sources if rows.get(source)]
-    _check_has(model, expected, [c for c in columns or () if "." not in c])
+    named = [c for c in columns or () if "." not in c]
+    _check_has(model, expected, named)
     for source in held:
+        _check_has(source, schemas[source], named)  # (named, rather than a schema unlike)
         if shape(schemas[source]) != shape(expected):
             raise ValueError(f"{source.name} has columns {schemas[source].names} of types "
                              f"{schemas[source].types}, unlike {model.name} ({expected.names}, "
