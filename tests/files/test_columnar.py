@@ -171,6 +171,24 @@ def test_a_damaged_parquet_footer_is_an_error_naming_the_file(tmp_path):
         table_plan(path, 1)
 
 
+
+def test_a_parquet_row_group_of_a_negative_row_count_is_damaged_not_read_short(tmp_path):
+    """pyarrow raises 'Negative size'; the plan took it as -201 rows, so ranks read 300 rows or
+    99, depending on their number, of the 600."""
+    path = tmp_path / "e.parquet"
+    pq.write_table(pa.table({"l": [[i, i] for i in range(600)]}), path, row_group_size=300)
+    whole = path.read_bytes()
+    # The last row group's num_rows (Thrift: field delta 1, i64; zigzag varint of 300); the
+    # column chunks' value counts (600) and the file's row count (600) read otherwise.
+    assert whole.count(b"\x16\xd8\x04") == 2
+    at = whole.rindex(b"\x16\xd8\x04")
+    path.write_bytes(whole[:at] + b"\x16\x91\x03" + whole[at + 3:])  # -201
+    assert pq.ParquetFile(path).metadata.row_group(1).num_rows == -201
+    for world in (1, 3):
+        with pytest.raises(ValueError, match=r"e.parquet is a damaged Parquet file: its row "
+                                             r"group 1 has -201 rows"):
+            read_table(path, 0, world)
+
 def _read_on_every_rank(folder: str) -> list[int]:
     return read_table(folder)["id"].to_pylist()  # world and rank from the process group
 

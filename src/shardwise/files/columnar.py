@@ -308,8 +308,13 @@ def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
                 parquet = pq.ParquetFile(handle)
                 schema = parquet.schema_arrow
             meta = parquet.metadata
-            return [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
-                    for i in range(meta.num_row_groups)], schema
+            units = [Unit(source, i, meta.row_group(i).num_rows, _compressed(meta.row_group(i)))
+                     for i in range(meta.num_row_groups)]
+            # (pyarrow refuses to read it; planned, it would shift every rank's rows)
+            if bad := next((unit for unit in units if unit.rows < 0), None):
+                raise ValueError(f"{source.name} is a damaged Parquet file: its row group "
+                                 f"{bad.index} has {bad.rows} rows; write it again whole")
+            return units, schema
         batches = record_batches(handle, source.size, source.name)  # no batch body is read
         with _named(source):  # (pyarrow verifies the footer: an empty list may be a damaged one)
             schema = ipc.open_file(handle).schema
