@@ -12,6 +12,7 @@ from pyarrow import feather
 
 from shardwise import spawn_local
 from shardwise.files.columnar import read_table, table_plan
+from shardwise.files.ipc_footer import record_batches
 
 
 def write_inputs(folder: Path, groups: list[list[int]], kind: str = "parquet") -> list[int]:
@@ -188,6 +189,30 @@ def test_a_parquet_row_group_of_a_negative_row_count_is_damaged_not_read_short(t
         with pytest.raises(ValueError, match=r"e.parquet is a damaged Parquet file: its row "
                                              r"group 1 has -201 rows"):
             read_table(path, 0, world)
+
+
+def test_a_record_batch_whose_damaged_metadata_reads_as_no_rows_is_an_error(tmp_path):
+    """A batch of no rows is no work for a rank, so it was never read and its rows were lost;
+    pyarrow refuses its metadata ('Invalid flatbuffers message')."""
+    import struct
+
+    path = tmp_path / "e.arrow"
+    feather.write_feather(pa.table({"x": range(100)}), path, chunksize=50,
+                          compression="uncompressed")
+    data = bytearray(path.read_bytes())
+    eos = data.rindex(b"\xff\xff\xff\xff\x00\x00\x00\x00")  # after the last batch
+    message = data.rindex(b"\xff\xff\xff\xff", 0, eos) + 8  # the last batch's metadata
+    root = message + struct.unpack_from("<I", data, message)[0]
+    vtable = root - struct.unpack_from("<i", data, root)[0]
+    header = root + struct.unpack_from("<H", data, vtable + 8)[0]  # Message.header's offset
+    data[header] += 77  # now pointing at no record batch
+    path.write_bytes(bytes(data))
+    with path.open("rb") as handle:  # (the footer's metadata, read by the format's rules)
+        assert [rows for rows, _ in record_batches(handle, len(data), "e.arrow")] == [50, 0]
+    with pytest.raises(OSError, match="Invalid flatbuffers message"):
+        pa.ipc.open_file(path).read_all()
+    with pytest.raises(ValueError, match=r"e.arrow is not a readable Arrow IPC file \("):
+        read_table(path, 0, 1)
 
 def _read_on_every_rank(folder: str) -> list[int]:
     return read_table(folder)["id"].to_pylist()  # world and rank from the process group

@@ -317,7 +317,14 @@ def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
             return units, schema
         batches = record_batches(handle, source.size, source.name)  # no batch body is read
         with _named(source):  # (pyarrow verifies the footer: an empty list may be a damaged one)
-            schema = ipc.open_file(handle).schema
+            reader = ipc.open_file(handle)
+            schema = reader.schema
+            # A batch of no rows is no rank's work, never read, and damaged metadata may read
+            # as no rows: pyarrow verifies each such batch (its body is a few bytes)
+            for i, (rows, _) in enumerate(batches):
+                if not rows and (held := reader.get_batch(i).num_rows):
+                    raise ValueError(f"{source.name} is a damaged Arrow IPC file: record batch "
+                                     f"{i} holds {held} rows, its metadata says none")
         return [Unit(source, i, rows, stored) for i, (rows, stored) in enumerate(batches)], schema
 
 
