@@ -214,6 +214,18 @@ def test_a_record_batch_whose_damaged_metadata_reads_as_no_rows_is_an_error(tmp_
     with pytest.raises(ValueError, match=r"e.arrow is not a readable Arrow IPC file \("):
         read_table(path, 0, 1)
 
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_column_name_that_is_not_utf8_names_the_file(tmp_path, kind):
+    """A damaged name (both formats store names as UTF-8) raised a bare UnicodeDecodeError."""
+    path = tmp_path / f"e.{kind}"
+    table = pa.table({"qqqq": [1, 2], "dst": [3, 4]})
+    pq.write_table(table, path) if kind == "parquet" else feather.write_feather(table, path)
+    path.write_bytes(path.read_bytes().replace(b"qqqq", b"\xff\xfeqq"))
+    for columns in (None, ["dst"]):
+        with pytest.raises(ValueError, match=rf"e.{kind} is not a readable .* file \(.*utf-8"):
+            read_table(path, 0, 1, columns=columns)
+
 def _read_on_every_rank(folder: str) -> list[int]:
     return read_table(folder)["id"].to_pylist()  # world and rank from the process group
 

@@ -319,6 +319,7 @@ def _units(source: Source) -> tuple[list[Unit], pa.Schema]:
         with _named(source):  # (pyarrow verifies the footer: an empty list may be a damaged one)
             reader = ipc.open_file(handle)
             schema = reader.schema
+            schema.names  # noqa: B018 - decoded here, where a damaged name's error names the file
             # A batch of no rows is no rank's work, never read, and damaged metadata may read
             # as no rows: pyarrow verifies each such batch (its body is a few bytes)
             for i, (rows, _) in enumerate(batches):
@@ -403,7 +404,8 @@ def _named(source: Source) -> Iterator[None]:
     """pyarrow's errors about a file's contents, as errors that name the file."""
     try:
         yield
-    except (pa.ArrowException, OSError) as error:  # (a damaged footer is an OSError)
+    # (a damaged footer is an OSError; a damaged column name, not UTF-8, a UnicodeDecodeError)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
         # Out of memory is not the file's fault; an error naming the file is one already (a
         # request to an object store that failed)
         if isinstance(error, MemoryError) or source.name in str(error):
