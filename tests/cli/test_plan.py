@@ -60,7 +60,10 @@ def test_table_marks_repeats_in_plain_text_when_piped():
     [(["--world-size", "0"], "--world-size must be at least 1, got 0"),
      (["--size", "-3"], "--size must be in [0, 2**63 - 1], got -3"),
      (["--epochs", "1000000000"], ("--epochs must be at most 1,000, as each epoch is computed "
-                                   "and printed; got 1,000,000,000"))],
+                                   "and printed; got 1,000,000,000")),
+     (["--world-size", str(2**63)], f"--world-size must be in [1, 2**63 - 1], got {2**63}"),
+     (["--seed", str(2**64)], f"--seed must be in [-2**63, 2**64 - 1], got {2**64}"),
+     (["--seed", str(-2**63 - 1)], f"--seed must be in [-2**63, 2**64 - 1], got {-2**63 - 1}")],
 )
 def test_bad_flags_are_named(capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:

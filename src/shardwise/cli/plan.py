@@ -32,7 +32,7 @@ from shardwise.cli.storage import add_storage_option
 from shardwise.order import PERMUTATIONS
 from shardwise.samplers import DistributedSampler
 from shardwise.samplers.distributed import TORCH_ORDER_WARN_SIZE
-from shardwise.samplers.passes import MAX_SIZE
+from shardwise.samplers.passes import MAX_SIZE, SEED_MAX, SEED_MIN
 from shardwise.split import LAYOUTS, REMAINDERS
 
 DESCRIPTION = (
@@ -160,6 +160,10 @@ def _check(args: argparse.Namespace) -> None:
                          f"and printed; got {args.epochs:,}")
     if not 0 <= args.size <= MAX_SIZE:
         raise ValueError(f"--size must be in [0, 2**63 - 1], got {args.size}")
+    if args.world_size > MAX_SIZE:
+        raise ValueError(f"--world-size must be in [1, 2**63 - 1], got {args.world_size}")
+    if not SEED_MIN <= args.seed <= SEED_MAX:
+        raise ValueError(f"--seed must be in [-2**63, 2**64 - 1], got {args.seed}")
     if not args.no_shuffle and args.permutation == "torch" and args.size >= TORCH_ORDER_WARN_SIZE:
         raise ValueError(
             f"--permutation torch would build a {args.size:,}-sample permutation (8 bytes a "
