@@ -63,7 +63,14 @@ def test_table_marks_repeats_in_plain_text_when_piped():
                                    "and printed; got 1,000,000,000")),
      (["--world-size", str(2**63)], f"--world-size must be in [1, 2**63 - 1], got {2**63}"),
      (["--seed", str(2**64)], f"--seed must be in [-2**63, 2**64 - 1], got {2**64}"),
-     (["--seed", str(-2**63 - 1)], f"--seed must be in [-2**63, 2**64 - 1], got {-2**63 - 1}")],
+     (["--seed", str(-2**63 - 1)], f"--seed must be in [-2**63, 2**64 - 1], got {-2**63 - 1}"),
+     # Refused before a list of 10**10 ranks or a set of 10**11 batch numbers is built.
+     (["--world-size", str(10**10), "--max-ranks", str(10**19)],
+      "--max-ranks must be at most 1,000, as each one shown is computed and printed; got "
+      "10,000,000,000,000,000,000"),
+     (["--size", str(10**12), "--permutation", "feistel", "--max-batches", str(10**12)],
+      "--max-batches must be at most 1,000, as each one shown is computed and printed; got "
+      "1,000,000,000,000")],
 )
 def test_bad_flags_are_named(capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:

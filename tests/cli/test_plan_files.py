@@ -70,6 +70,8 @@ def test_parquet_files_are_split_by_row_groups(tmp_path: Path, capsys) -> None:
     (["{folder}", "--format", "svg"], "a plan of files is shown as a table or as JSON"),
     (["{folder}"], "the inputs mix columnar files"),
     (["--storage-option", "anon=true"], "--storage-option is for the files given as PATH"),
+    (["{folder}/a.csv", "--world-size", str(10**10), "--max-ranks", str(10**19)],
+     "--max-ranks must be at most 1,000, as each one shown is computed and printed"),
 ])
 def test_bad_file_plans_are_named(tmp_path: Path, capsys, args: list[str], message: str) -> None:
     (tmp_path / "a.csv").write_text("1,2\n")

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from shardwise.cli import plan_files
 from shardwise.cli.picture import render_html, render_svg
-from shardwise.cli.shown import head_count, not_shown, shown_ranks
+from shardwise.cli.shown import check_shown, head_count, not_shown, shown_ranks
 from shardwise.cli.storage import add_storage_option
 from shardwise.order import PERMUTATIONS
 from shardwise.samplers import DistributedSampler
@@ -113,10 +113,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="a table per epoch, JSON, or a picture: an SVG image or an HTML page "
                              "holding it (default: table)")
     parser.add_argument("--max-batches", type=int, default=SAMPLER_ONLY["max_batches"],
-                        help="batches shown per rank, the last one always among them "
-                             "(default 12, 6 in a picture; fewer where the terminal is narrow)")
+                        help="batches shown per rank, the last one always among them, at most "
+                             "1,000 (default 12, 6 in a picture; fewer where the terminal is "
+                             "narrow)")
     parser.add_argument("--max-ranks", type=int, default=8,
-                        help="ranks shown: the first and the last ones (default 8)")
+                        help="ranks shown: the first and the last ones, at most 1,000 "
+                             "(default 8)")
     add_storage_option(parser)
     return parser
 
@@ -151,10 +153,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("world_size", "batch_size", "epochs", "max_batches", "max_ranks"):
+    for name in ("world_size", "batch_size", "epochs"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{flag} must be at least 1, got {getattr(args, name)}")
+    check_shown("--max-batches", args.max_batches)
+    check_shown("--max-ranks", args.max_ranks)
     if args.epochs > MAX_EPOCHS:
         raise ValueError(f"--epochs must be at most {MAX_EPOCHS:,}, as each epoch is computed "
                          f"and printed; got {args.epochs:,}")

@@ -16,16 +16,16 @@ from typing import Any
 
 from rich.console import Console
 
-from shardwise.cli.shown import not_shown, shown_ranks
+from shardwise.cli.shown import check_shown, not_shown, shown_ranks
 from shardwise.cli.storage import storage_options
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan, input_plan
 
 
 def run(args: argparse.Namespace) -> int:
-    for flag, value in (("--world-size", args.world_size), ("--max-ranks", args.max_ranks)):
-        if value < 1:
-            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if args.world_size < 1:
+        raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
+    check_shown("--max-ranks", args.max_ranks)
     if args.format not in ("table", "json"):
         raise ValueError(f"--format {args.format} pictures a sampler's batches; a plan of files "
                          "is shown as a table or as JSON")

@@ -4,6 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Sized
 
+MOST_SHOWN = 1_000  # --max-ranks, --max-batches: a typo must not list 10**12 of them
+
+
+def check_shown(flag: str, value: int) -> None:
+    """Refuse a ``--max-ranks`` or ``--max-batches`` below 1 or above ``MOST_SHOWN``.
+
+    >>> check_shown("--max-ranks", 0)
+    Traceback (most recent call last):
+    ValueError: --max-ranks must be at least 1, got 0
+    """
+    if value < 1:
+        raise ValueError(f"{flag} must be at least 1, got {value}")
+    if value > MOST_SHOWN:
+        raise ValueError(f"{flag} must be at most {MOST_SHOWN:,}, as each one shown is computed "
+                         f"and printed; got {value:,}")
+
 
 def shown_ranks(world_size: int, most: int) -> list[int]:
     """All ranks, or the first ``most - most // 2`` and the last ``most // 2`` (padding's).
