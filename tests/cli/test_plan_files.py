@@ -122,3 +122,16 @@ def test_an_ascii_only_output_gets_ascii_tables(tmp_path: Path, name: str) -> No
                          timeout=100, check=False)
     assert (run.returncode, run.stderr) == (0, b"")
     assert run.stdout.isascii() and b"| rank |" in run.stdout
+
+
+@pytest.mark.timeout(60)  # listing 10**10 ranks would take days
+def test_json_of_more_ranks_than_it_can_list_is_refused_naming_the_table(tmp_path: Path,
+                                                                         capsys) -> None:
+    (tmp_path / "a.csv").write_text("1,2\n")
+    with pytest.raises(SystemExit) as exit_code:
+        main(["plan", str(tmp_path / "a.csv"), "--world-size", str(10**10), "--format", "json"])
+    error = capsys.readouterr().err
+    assert exit_code.value.code == 2 and error.count("\n") == 1
+    assert "--format json lists every rank, at most 1,000,000; got --world-size 10,000,000,000" \
+        in error and "--format table" in error
+    assert main(["plan", str(tmp_path / "a.csv"), "--world-size", str(10**10)]) == 0

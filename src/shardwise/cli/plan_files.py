@@ -21,6 +21,8 @@ from shardwise.cli.storage import storage_options
 from shardwise.files.columnar import TablePlan
 from shardwise.files.plan import Plan, input_plan
 
+MOST_JSON_RANKS = 1_000_000  # JSON lists every rank's share: about 50 MB at this many
+
 
 def run(args: argparse.Namespace) -> int:
     if args.world_size < 1:
@@ -29,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
     if args.format not in ("table", "json"):
         raise ValueError(f"--format {args.format} pictures a sampler's batches; a plan of files "
                          "is shown as a table or as JSON")
+    if args.format == "json" and args.world_size > MOST_JSON_RANKS:
+        raise ValueError(f"--format json lists every rank, at most {MOST_JSON_RANKS:,}; got "
+                         f"--world-size {args.world_size:,}: use --format table, which shows the "
+                         "first and last --max-ranks of any number of ranks")
     the_plan = input_plan(args.paths, args.world_size,
                           storage_options=storage_options(args.storage_options))
     if args.format == "json":
