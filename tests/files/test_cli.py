@@ -101,6 +101,19 @@ def test_save_naming_a_file_is_refused_before_loading(tmp_path: Path,
                                        "file: name a folder (it is made if need be)\n")
 
 
+def test_a_save_folder_that_cannot_be_made_is_named_before_loading(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "e.csv").write_text("1,2\n")
+    with pytest.raises(SystemExit) as caught:  # its parent is a file
+        main(["load", str(tmp_path / "e.csv"), "--save", str(tmp_path / "e.csv" / "out")])
+    assert caught.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""  # nothing was loaded, no report printed
+    assert printed.err == (f"shardwise load: error: --save {tmp_path / 'e.csv' / 'out'}: the "
+                           f"folder cannot be made (Not a directory: {tmp_path / 'e.csv' / 'out'})"
+                           ": name a folder that can be written\n")
+
+
 def shardwise_load(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "shardwise", "load", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
+from shardwise.cli.folder import make_folder
 from shardwise.cli.nproc import check_nproc
 from shardwise.cli.storage import add_storage_option, storage_options
 from shardwise.cli.wording import in_cli_words, warnings_in_cli_words
@@ -85,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
     if args.save is not None and args.save.exists() and not args.save.is_dir():
         raise ValueError(f"--save {args.save} is a file: name a folder (it is made if need be)")
     _check_applicable(args)
+    if args.nproc is not None:
+        if "WORLD_SIZE" in os.environ:
+            raise ValueError("--nproc cannot be used under torchrun, which starts the ranks "
+                             "itself")
+        check_nproc(args.nproc)
+    if args.save is not None:  # made once every flag is known to be good
+        make_folder("--save", args.save)
     options["kind"] = args.kind or "digraph"
     if args.nproc is None:
         with process_group_from_env():
@@ -92,9 +100,6 @@ def run(args: argparse.Namespace) -> int:
             if group_world()[1] == 0:
                 _print_report(report)
         return 0
-    if "WORLD_SIZE" in os.environ:
-        raise ValueError("--nproc cannot be used under torchrun, which starts the ranks itself")
-    check_nproc(args.nproc)
     _print_report(spawn_local(load_rank, args.nproc, options)[0])  # every rank has them all
     return 0
 
