@@ -119,3 +119,12 @@ def test_a_workdir_holding_other_files_or_being_a_file_is_refused(tmp_path):
     assert (run.returncode, run.stderr) == (2, (
         f"shardwise demo: error: --workdir {tmp_path / 'notes.txt'} is a file: name an empty or "
         "new folder\n"))
+
+
+def test_a_workdir_that_cannot_be_made_is_named(tmp_path):
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    folder = tmp_path / "notes.txt" / "demo"  # its parent is a file
+    run = shardwise("demo", "--nproc", "1", tmp_path=folder)
+    assert (run.returncode, run.stderr) == (2, (
+        f"shardwise demo: error: --workdir {folder}: the folder cannot be made (Not a directory: "
+        f"{folder}): name a folder that can be written\n"))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from shardwise.cli.folder import make_folder
 from shardwise.cli.nproc import check_nproc
 from shardwise.demo.data import WRITTEN
 from shardwise.demo.job import FEWEST_SAMPLES_PER_RANK, MOST_SAMPLES, check_samples, run_rank
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     nproc = 3 if args.nproc is None else args.nproc
     check_nproc(nproc)
     check_samples(args.samples, resolve_world()[0] if under_torchrun else nproc)
+    if args.workdir is not None:  # made once every flag is known to be good
+        make_folder("--workdir", args.workdir)
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=100)  # a log: never squeeze the tables
