@@ -4,6 +4,7 @@ import argparse
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,17 @@ def test_a_broken_pipe_that_is_not_standard_output_is_an_error(monkeypatch, caps
         main(["plan"])
     assert caught.value.code == 2
     assert "Broken pipe" in capsys.readouterr().err
+
+
+def test_the_readmes_list_of_plan_flags_is_the_parsers():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = re.search(r"Flags: `([^`]*)`", readme).group(1).split()
+    parser = COMMANDS["plan"].add_parser(argparse.ArgumentParser().add_subparsers())
+    flags = {action.option_strings[-1]: action.choices for action in parser._actions
+             if action.option_strings and action.option_strings[-1] != "--help"}
+    in_readme = {word: None for word in listed if word.startswith("--")}
+    for word, choices in zip(listed, listed[1:]):
+        if word.startswith("--") and choices.startswith("{"):
+            in_readme[word] = tuple(choices.strip("{}").split(","))
+    assert in_readme == {flag: tuple(choices) if choices else None
+                         for flag, choices in flags.items()}
