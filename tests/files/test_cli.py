@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -216,6 +217,26 @@ def test_a_killed_rank_is_one_clean_line(tmp_path: Path) -> None:
     assert run.returncode == 1
     assert re.fullmatch(r"shardwise load: error: rank [01] was killed by SIGKILL \(signal 9\)"
                         r"[^\n]*\n", err), err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the ranks through /proc")
+def test_ctrl_c_reaching_a_rank_as_it_starts_is_left_to_the_parent(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal signals every process; a rank still importing torch must not print
+    a traceback of its own (the parent stops the ranks and prints one line)."""
+    (tmp_path / "edges.csv").write_text("1,2\n3,4\n")
+    run = shardwise_load(str(tmp_path / "edges.csv"), "--nproc", "2")
+    while len(ranks := _rank_processes(run.pid)) < 2:
+        assert run.poll() is None, run.communicate()
+        time.sleep(0.02)
+    for _ in range(10):  # while they import torch: long before they join the group
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):  # a rank it killed
+                os.kill(pid, signal.SIGINT)
+        time.sleep(0.05)
+    out, err = run.communicate()
+    assert (run.returncode, err) == (0, ""), err
+    assert "shardwise load: 2 rank(s)" in out
 
 
 def test_the_report_shows_plain_numbers_and_flag_hints(

@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -106,7 +107,8 @@ def spawn_local(
                 target=_rank_main,
                 args=(fn, rank, nprocs, port, backend, child_conn, os.getpid(), args),
             )
-            process.start()
+            with _sigint_ignored():  # the rank starts deaf to Ctrl-C, which is the parent's
+                process.start()
             child_conn.close()  # the parent keeps only its own end, so a rank's exit reads as EOF
             ranks.append(_Rank(rank, process, conn))
         results = _collect(ranks, timeout)
@@ -231,6 +233,23 @@ def _rank_error(
         error.args = (f"rank {rank}: {error.args[0]}", *error.args[1:])
     error.__cause__ = RemoteTraceback(remote_traceback)
     return error
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while a rank is started: the rank inherits that across exec (a signal mask
+    it would not: multiprocessing clears it), so a Ctrl-C that reaches it while it imports torch,
+    before ``_rank_main`` takes over, prints no traceback of its own. The parent misses a Ctrl-C
+    only in the moment a process takes to start."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or threading.current_thread() is not threading.main_thread():
+        yield  # a handler not set from Python, or a thread that may not set one: leave it be
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _rank_main(fn, rank, world_size, port, backend, conn, parent_pid, args) -> None:
