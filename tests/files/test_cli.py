@@ -294,3 +294,15 @@ def test_an_s3_url_without_credentials_says_how_to_give_them(command: str, given
     assert "--storage-option key=... --storage-option secret=..." in run.stderr
     assert "--storage-option anon=true" in run.stderr
     assert "AKIANEVERSHOWN1234" not in run.stdout + run.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_report_in_a_narrow_terminal_elides_no_number(tmp_path: Path) -> None:
+    (tmp_path / "edges.csv").write_text("1,2\n3,4\n" * 50_000)  # 400,000 bytes
+    run = subprocess.run(  # FORCE_COLOR: rich takes the pipe for a terminal, COLUMNS wide
+        [sys.executable, "-m", "shardwise", "load", str(tmp_path / "edges.csv")],
+        capture_output=True, text=True, env={**os.environ, "FORCE_COLOR": "1", "COLUMNS": "40"})
+    assert run.returncode == 0, run.stderr
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)
+    assert "…" not in plain, plain
+    assert "bytes read" in plain and "400,000" in plain and "100,000" in plain, plain

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
@@ -257,6 +258,9 @@ def _print_report(stats: list[LoadStats]) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # a log file: never squeeze the columns
+    wide = Measurement.get(console, console.options.update_width(1 << 20), table).maximum
+    if wide > console.width:  # a narrow terminal: let it wrap the lines rather than elide numbers
+        console = Console(width=wide)
     console.print(table)
     console.print(f"balance (max/mean): bytes {_balance([s.bytes_read for s in stats]):.3f}, "
                   f"records owned {_balance([s.records_owned for s in stats]):.3f}")
