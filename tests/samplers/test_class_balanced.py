@@ -184,3 +184,16 @@ def test_memory_does_not_grow_with_chunk_times_classes():
     finally:
         tracemalloc.stop()
     assert peak < 64 * 2**20, peak  # (a chunk x classes matrix of keys was 5 GiB)
+
+
+def test_labels_in_a_container_whose_iteration_is_not_the_samples_are_refused():
+    # list() of a one-column DataFrame is its column names, of a dict its keys: one class
+    # 'y' of one sample, or the keys as labels, silently
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(ValueError, match=r"non-empty 1-D .* got shape \(3, 1\)"):
+        ClassBalancedSampler(pd.DataFrame({"y": [1, 2, 1]}), 1, 0)
+    for labels in ({5: 0, 6: 1}, {0, 1}, frozenset({"a", "b"})):
+        with pytest.raises(TypeError, match=f"got a {type(labels).__name__}"):
+            ClassBalancedSampler(labels, 1, 0)
+    series = pd.Series(["b", "a", "b"], index=[7, 8, 9])
+    assert ClassBalancedSampler(series, 1, 0).class_sizes.tolist() == [1, 2]

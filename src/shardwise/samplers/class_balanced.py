@@ -16,7 +16,8 @@ per epoch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -158,6 +159,11 @@ def _class_codes(labels: Any) -> tuple[np.ndarray, np.ndarray]:
         if labels.dtype == torch.bfloat16:  # (NumPy has none: every bfloat16 is a float32)
             labels = labels.float()
         labels = labels.numpy()
+    if isinstance(labels, (Mapping, AbstractSet)):
+        raise TypeError(f"labels must be a sequence of one label per sample, in sample order, got "
+                        f"a {type(labels).__name__}: pass a list, an array or a tensor")
+    if not isinstance(labels, np.ndarray) and hasattr(labels, "__array__"):
+        labels = np.asarray(labels)  # (pandas: list() of a DataFrame gives its column names)
     given = labels if isinstance(labels, np.ndarray) else list(labels)
     values = np.asarray(given)
     if values.ndim != 1 or values.size == 0:
