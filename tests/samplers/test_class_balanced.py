@@ -197,3 +197,13 @@ def test_labels_in_a_container_whose_iteration_is_not_the_samples_are_refused():
             ClassBalancedSampler(labels, 1, 0)
     series = pd.Series(["b", "a", "b"], index=[7, 8, 9])
     assert ClassBalancedSampler(series, 1, 0).class_sizes.tolist() == [1, 2]
+
+
+def test_labels_as_a_list_of_scalar_tensors_of_any_dtype():
+    # [y for _, y in dataset] gives 0-d tensors: ints were read, floats refused as "Tensor"
+    for dtype in (torch.int64, torch.float32):
+        labels = [torch.tensor(value, dtype=dtype) for value in (1, 0, 1, 2)]
+        sampler = ClassBalancedSampler(labels, 1, 0)
+        assert sampler.class_sizes.tolist() == [1, 2, 1]
+    floats = [np.array(0.5), np.array(1.5), np.array(0.5)]  # (0-d arrays alike)
+    assert ClassBalancedSampler(floats, 1, 0).class_sizes.tolist() == [2, 1]

@@ -200,6 +200,8 @@ def _one_kind(labels: list[Any] | np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _kind(label: Any) -> str:
+    if isinstance(label, (torch.Tensor, np.ndarray)) and label.ndim == 0:
+        label = label.item()  # ([y for _, y in dataset] gives 0-d tensors, as NumPy reads them)
     if isinstance(label, (str, np.str_)):
         return "str"
     if isinstance(label, (bytes, np.bytes_)):
