@@ -231,3 +231,13 @@ def test_ranks_whose_inner_orders_differ_are_stopped():
     assert spawn_local(_wrapped_on_every_rank, 2, True, timeout=100) == ["agree", "agree"]
     for message in spawn_local(_wrapped_on_every_rank, 2, False, timeout=100):
         assert message.startswith("differ:") and "fingerprint" in message
+
+
+def test_weights_from_an_iterator_are_read_and_unordered_containers_refused():
+    # a generator was refused as "weights must be numbers, got object values"
+    expected = list(WeightedDistributedSampler([1.0, 3.0], 8, num_replicas=1, rank=0))
+    drawn = WeightedDistributedSampler((w for w in [1.0, 3.0]), 8, num_replicas=1, rank=0)
+    assert list(drawn) == expected
+    for weights in ({0: 1.0, 1: 3.0}, {1.0, 3.0}):
+        with pytest.raises(TypeError, match=f"got a {type(weights).__name__}"):
+            WeightedDistributedSampler(weights, 8, num_replicas=1, rank=0)

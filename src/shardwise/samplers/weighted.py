@@ -12,7 +12,8 @@ draws alike (in rank order, lower ranks would draw heavier samples).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -152,6 +153,11 @@ def _words(seed: int, epoch: int) -> list[int]:
 def _checked_weights(weights: Any) -> np.ndarray:
     if isinstance(weights, torch.Tensor):  # (in float64 first: NumPy has no bfloat16)
         weights = weights.detach().cpu().to(torch.float64).numpy()
+    if isinstance(weights, (Mapping, AbstractSet)):
+        raise TypeError(f"weights must be a sequence of one weight per sample, in sample order, "
+                        f"got a {type(weights).__name__}: pass a list, an array or a tensor")
+    if isinstance(weights, Iterator):  # (NumPy makes one object of a generator)
+        weights = list(weights)
     values = np.asarray(weights)
     if values.dtype.kind not in "biuf":  # NumPy would read "1" as 1.0; torch refuses it too
         raise TypeError(f"weights must be numbers, got {values.dtype} values")
