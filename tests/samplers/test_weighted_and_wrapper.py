@@ -241,3 +241,10 @@ def test_weights_from_an_iterator_are_read_and_unordered_containers_refused():
     for weights in ({0: 1.0, 1: 3.0}, {1.0, 3.0}):
         with pytest.raises(TypeError, match=f"got a {type(weights).__name__}"):
             WeightedDistributedSampler(weights, 8, num_replicas=1, rank=0)
+
+
+def test_complex_weights_are_refused_as_a_tensor_too():
+    # a complex tensor was cast to float64, its imaginary part dropped with only torch's warning
+    for weights in (torch.tensor([1 + 2j, 3 + 0j]), np.array([1 + 2j, 3 + 0j])):
+        with pytest.raises(TypeError, match="weights must be numbers, got (torch.)?complex"):
+            WeightedDistributedSampler(weights, 8, num_replicas=1, rank=0)

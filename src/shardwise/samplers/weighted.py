@@ -151,8 +151,10 @@ def _words(seed: int, epoch: int) -> list[int]:
 
 
 def _checked_weights(weights: Any) -> np.ndarray:
-    if isinstance(weights, torch.Tensor):  # (in float64 first: NumPy has no bfloat16)
-        weights = weights.detach().cpu().to(torch.float64).numpy()
+    if isinstance(weights, torch.Tensor):
+        if weights.is_complex():  # (torch would drop the imaginary parts, with a warning)
+            raise TypeError(f"weights must be numbers, got {weights.dtype} values")
+        weights = weights.detach().cpu().to(torch.float64).numpy()  # (NumPy has no bfloat16)
     if isinstance(weights, (Mapping, AbstractSet)):
         raise TypeError(f"weights must be a sequence of one weight per sample, in sample order, "
                         f"got a {type(weights).__name__}: pass a list, an array or a tensor")
