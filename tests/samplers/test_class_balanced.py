@@ -207,3 +207,23 @@ def test_labels_as_a_list_of_scalar_tensors_of_any_dtype():
         assert sampler.class_sizes.tolist() == [1, 2, 1]
     floats = [np.array(0.5), np.array(1.5), np.array(0.5)]  # (0-d arrays alike)
     assert ClassBalancedSampler(floats, 1, 0).class_sizes.tolist() == [2, 1]
+
+
+def test_a_state_of_another_sampler_class_is_named_so():
+    # a DistributedSampler's state was refused as "saved by another version of shardwise"
+    from shardwise import DistributedSampler, WeightedDistributedSampler
+
+    labels = make_labels([10, 5])
+    distributed = DistributedSampler(15, 2, 1)
+    weighted = WeightedDistributedSampler(np.ones(15), 5, num_replicas=2, rank=1)
+    balanced = ClassBalancedSampler(labels, 2, 1)
+    for saver, loader, saved_by in [
+            (distributed, balanced, "DistributedSampler"),
+            (distributed, weighted, "DistributedSampler"),
+            (balanced, weighted, "ClassBalancedSampler"),
+            (weighted, distributed, "WeightedDistributedSampler"),
+            (balanced, distributed, "ClassBalancedSampler")]:
+        with pytest.raises(ValueError, match=f"saved by a {saved_by}.*not a "
+                                             f"{type(loader).__name__}") as error:
+            loader.load_state_dict(saver.state_dict())
+        assert "another version" not in str(error.value)

@@ -23,6 +23,7 @@ from shardwise.samplers.passes import (
     SEED_MIN,
     EpochSampler,
     bounds,
+    saved_by,
 )
 from shardwise.segments import Segments
 from shardwise.split import (
@@ -397,6 +398,9 @@ def _read_state(state: Mapping[str, Any], sampler: DistributedSampler) -> _Saved
     """The fields of a saved state, each checked, or an error naming the first bad one."""
     if not isinstance(state, Mapping):
         raise TypeError(f"a sampler state is a dict, got {type(state).__name__}")
+    if state.get("sampler") in ("ClassBalancedSampler", "WeightedDistributedSampler"):
+        raise ValueError(f"the state was saved by a {saved_by(state)}, not a "
+                         f"{type(sampler).__name__}: load it into the sampler it was saved from")
     missing = [key for key in STATE_FIELDS if key not in state]
     if missing:
         raise ValueError(f"not a shardwise sampler state: missing {', '.join(missing)}")

@@ -39,6 +39,18 @@ OTHER_VERSION_HINT = ("it was saved by another version of shardwise, whose order
                       "resume it with that version, or begin the next epoch with set_epoch")
 
 
+def saved_by(state: Mapping[str, Any]) -> str:
+    """The kind of sampler that saved ``state``, as its fields tell.
+
+    >>> saved_by({"sampler": "ClassBalancedSampler"}), saved_by({"segments": [[0, 5]]})
+    ('ClassBalancedSampler', 'DistributedSampler')
+    """
+    if "segments" in state:  # (a wrapper's "sampler" is the class it wraps)
+        return "DistributedSamplerWrapper" if "sampler" in state else "DistributedSampler"
+    saved = state.get("sampler")
+    return saved if isinstance(saved, str) else "sampler of another kind"
+
+
 class Position(Protocol):
     """Where a pass starts (a frozen dataclass): its epoch, and how far into it."""
 

@@ -13,7 +13,7 @@ from typing import Any
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 from shardwise.checks import require_int, same_saved
-from shardwise.samplers.passes import OTHER_VERSION_HINT, EpochSampler
+from shardwise.samplers.passes import OTHER_VERSION_HINT, EpochSampler, saved_by
 
 # 2: with the digest of the labels or weights drawn from; 3: Feistel orders of six or more rounds,
 # each rank's own order of a class smaller than the world, draws without replacement dealt
@@ -82,6 +82,10 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
         missing = [key for key in ("version", "epoch", "consumed") if key not in state]
         if missing:
             raise ValueError(f"not a shardwise sampler state: missing {', '.join(missing)}")
+        mine = self.config()["sampler"]
+        if saved_by(state) != mine:  # (before the version: another class has its own)
+            raise ValueError(f"the state was saved by a {saved_by(state)}, not a {mine}: load "
+                             "it into the sampler it was saved from")
         drawn_from = self.drawn_from()
         expected = {"version": STATE_VERSION, **self.config(), **drawn_from,
                     "epoch": state["epoch"]}
