@@ -227,3 +227,22 @@ def test_a_state_of_another_sampler_class_is_named_so():
                                              f"{type(loader).__name__}") as error:
             loader.load_state_dict(saver.state_dict())
         assert "another version" not in str(error.value)
+
+
+@pytest.mark.parametrize("change,field,world", [({"seed": 4}, "seed", False),
+                                                ({"num_samples": 9}, "num_samples", False),
+                                                ({"num_replicas": 3, "rank": 0}, "num_replicas",
+                                                 True)])
+def test_a_refused_state_names_world_size_only_when_it_differs(change, field, world):
+    # every mismatch was told "... (start the next epoch with set_epoch on another world size)"
+    from shardwise import WeightedDistributedSampler
+
+    labels = make_labels([10, 5])
+    options = {"num_replicas": 2, "rank": 1, "seed": 3}
+    builds = [lambda **o: ClassBalancedSampler(labels, **{"num_samples": 8, **o}),
+              lambda **o: WeightedDistributedSampler(np.ones(15), **{"num_samples": 8, **o})]
+    for build in builds:
+        state = build(**options).state_dict()
+        with pytest.raises(ValueError, match=f"saved with {field}=") as error:
+            build(**{**options, **change}).load_state_dict(state)
+        assert ("world size" in str(error.value)) == world, str(error.value)

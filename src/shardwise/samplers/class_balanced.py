@@ -51,10 +51,6 @@ class ClassBalancedSampler(RankStreamSampler):
     [[0, 1, 2], [0, 1, 2]]
     """
 
-    # A stream drawn per rank resumes only on its own world size.
-    _RESUME_HINT = ("a class-balanced stream resumes only where it was saved (start the next "
-                    "epoch with set_epoch on another world size)")
-
     def __init__(
         self,
         labels: Sequence[Any] | np.ndarray | torch.Tensor,

@@ -41,6 +41,8 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
     drop_last = False
     _at: StreamPosition
     _RESUME_HINT = "build the sampler as it was when the state was saved"
+    _WORLD_HINT = ("a rank's stream resumes only on the world size it was saved on: on another, "
+                   "start the next epoch with set_epoch")
 
     @property
     def total_size(self) -> int:
@@ -93,7 +95,7 @@ class RankStreamSampler(EpochSampler, TorchDistributedSampler):
             if not same_saved(state.get(key), value):
                 hint = (f"build the sampler over the {key.split('_')[0]} it was saved with"
                         if key in drawn_from else OTHER_VERSION_HINT if key == "version"
-                        else self._RESUME_HINT)
+                        else self._WORLD_HINT if key == "num_replicas" else self._RESUME_HINT)
                 raise ValueError(
                     f"the state was saved with {key}={state.get(key)!r} but this sampler has "
                     f"{key}={value!r}; {hint}")
