@@ -10,6 +10,7 @@ import torch.utils.data as tud
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardwise.distributed.coverage import coverage
 from shardwise.distributed.gather import assemble, gather_by_index
 from shardwise.distributed.launch import spawn_local
 from shardwise.samplers.distributed import DistributedSampler
@@ -226,3 +227,33 @@ def test_lazy_views_and_tensors_without_plain_bytes():
                       (torch.ones(2, device="meta"), "meta")):
         with pytest.raises(TypeError, match=kind):
             gather_by_index(bad, [0, 1], 2)
+
+
+class _UnreadableIndices:
+    """Indices whose conversion fails with neither TypeError nor ValueError."""
+
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError("the index file is gone")
+
+
+def _one_rank_cannot_read_its_indices() -> dict:
+    rank = torch_dist.get_rank()
+    meta = torch.tensor([rank], device="meta") if rank == 2 else [rank]
+    unreadable = _UnreadableIndices() if rank == 1 else [rank]
+    out = {"meta": _attempt(gather_by_index, torch.ones(1), meta, 3),
+           "unreadable": _attempt(gather_by_index, torch.ones(1), unreadable, 3),
+           "coverage": _attempt(coverage, meta, 3)}
+    out["after"] = gather_by_index(torch.ones(1), [rank], 3).tolist()  # the ranks stay in step
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_any_input_error_on_one_rank_is_raised_on_every_rank():
+    per_rank = spawn_local(_one_rank_cannot_read_its_indices, 3, timeout=90)
+    assert all(out == per_rank[0] for out in per_rank), per_rank
+    out = per_rank[0]
+    assert out["meta"] == ("TypeError", "rank 2: indices is a meta tensor (a shape without "
+                           "data): pass the real indices")
+    assert out["coverage"] == out["meta"]
+    assert out["unreadable"] == ("RuntimeError", "rank 1: the index file is gone")
+    assert out["after"] == [1.0, 1.0, 1.0]

@@ -71,7 +71,7 @@ def coverage(indices: torch.Tensor | npt.ArrayLike, size: int, group: Any = None
     """
     try:
         indices, problem = as_indices(indices, size), None
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - raised on every rank by agree, so none waits
         problem = exc
     agree({"problem": problem, "size": size}, ("size",), group, caller="coverage")
     device = collective_device(group)

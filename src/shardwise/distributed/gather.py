@@ -45,8 +45,8 @@ def gather_by_index(
     try:
         values, indices, size, dst = _check_inputs(values, indices, size, world, dst)
         problem = None
-    except (TypeError, ValueError) as exc:
-        problem = exc
+    except Exception as exc:  # noqa: BLE001 - whatever it is, every rank raises it (agree, below):
+        problem = exc  # a rank raising alone would leave the others out of step in a collective
     mine = {"problem": problem, "size": size, "dst": dst}
     if problem is None:
         mine.update(dtype=str(values.dtype), row_shape=tuple(values.shape[1:]), count=len(values))
@@ -123,6 +123,8 @@ def as_indices(indices: torch.Tensor | npt.ArrayLike, size: int) -> torch.Tensor
     """
     size = require_int("size (the dataset length)", size, minimum=0)
     if isinstance(indices, torch.Tensor):
+        if indices.device.type == "meta":
+            raise TypeError("indices is a meta tensor (a shape without data): pass the real indices")
         indices = indices.detach().cpu().numpy()
     array = np.asarray(indices)
     if array.size == 0:
