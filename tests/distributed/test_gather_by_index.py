@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.distributed.coverage import coverage
-from shardwise.distributed.gather import assemble, gather_by_index
+from shardwise.distributed.gather import MATCH_ADVICE, assemble, gather_by_index
 from shardwise.distributed.launch import spawn_local
 from shardwise.samplers.distributed import DistributedSampler
 
@@ -209,9 +209,11 @@ def test_gather_over_three_gloo_ranks():
         assert out["bad"][1].startswith("rank 2: indices[1]=7 is outside range(7)")
         assert out["sizes"] == ("InconsistentRanksError",
                                 ("gather_by_index needs the same size, dst, dtype, row_shape on "
-                                "every rank: rank 2 has size=8 where ranks 0, 1 have size=7"))
+                                "every rank: rank 2 has size=8 where ranks 0, 1 have size=7. "
+                                + MATCH_ADVICE))
         assert out["dtypes"][1].endswith(
-            "rank 0 has dtype='torch.int64' where ranks 1, 2 have dtype='torch.int32'")
+            "rank 0 has dtype='torch.int64' where ranks 1, 2 have dtype='torch.int32'. "
+            + MATCH_ADVICE)
         assert out["sparse"] == ("TypeError", ("rank 1: values must be a dense tensor, got a "
                                  "torch.sparse_coo one; pass values.to_dense() (or "
                                  "values.dequantize()) instead"))
@@ -257,3 +259,23 @@ def test_any_input_error_on_one_rank_is_raised_on_every_rank():
     assert out["coverage"] == out["meta"]
     assert out["unreadable"] == ("RuntimeError", "rank 1: the index file is gone")
     assert out["after"] == [1.0, 1.0, 1.0]
+
+
+def _a_rank_without_results() -> tuple:
+    rank = torch_dist.get_rank()
+    mine = [rank] if rank < 2 else []  # 2 samples, 3 ranks: rank 2 has none
+    values = result_of(mine) if mine else torch.empty(0)  # a guess at an empty result
+    return _attempt(gather_by_index, values, mine, 2)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_whose_values_differ_in_dtype_or_row_shape_are_told_how_to_match():
+    per_rank = spawn_local(_a_rank_without_results, 3, timeout=90)
+    assert all(out == per_rank[0] for out in per_rank)
+    kind, message = per_rank[0]
+    assert kind == "InconsistentRanksError"
+    assert ("rank 2 has dtype='torch.float32' where ranks 0, 1 have dtype='torch.float64'; "
+            "rank 2 has row_shape=() where ranks 0, 1 have row_shape=(2,)") in message
+    assert message.endswith(
+        ". Pass size=len(dataset), the same dst, and values of one dtype and row shape on "
+        "every rank; a rank without results passes torch.empty((0, *row_shape), dtype=dtype)")

@@ -40,13 +40,15 @@ class ConfiguredSampler(Protocol):
 
 
 def agree(
-    mine: Mapping[str, Any], must_match: Sequence[str], group: Any = None, *, caller: str
+    mine: Mapping[str, Any], must_match: Sequence[str], group: Any = None, *, caller: str,
+    advice: str = "",
 ) -> list[dict[str, Any]]:
     """Every rank's ``mine``, after making every rank raise if any rank's input is unusable.
 
     ``mine["problem"]`` is that rank's input error or ``None``; any such error is raised on all
     ranks (so none is left waiting in the next collective; see :func:`raise_first_problem`), then
-    :class:`InconsistentRanksError` if a ``must_match`` field differs between ranks.
+    :class:`InconsistentRanksError` if a ``must_match`` field differs between ranks, its message
+    ending in ``advice`` (how to make them match), if given.
 
     >>> agree({"problem": None, "size": 7}, ["size"], caller="coverage")
     [{'problem': None, 'size': 7}]
@@ -57,7 +59,7 @@ def agree(
     differ = disagreements([{key: fields[key] for key in must_match} for fields in per_rank])
     if differ:
         raise InconsistentRanksError(f"{caller} needs the same {', '.join(must_match)} on every "
-                                     "rank: " + "; ".join(differ))
+                                     "rank: " + "; ".join(differ) + (f". {advice}" if advice else ""))
     return per_rank
 
 

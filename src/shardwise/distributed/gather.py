@@ -22,6 +22,10 @@ from shardwise.distributed.world import collective_device, group_world
 
 #: How many offending indices an error message lists.
 SHOWN = 10
+#: How to fix ranks whose size, dst, dtype or row shape differ.
+MATCH_ADVICE = ("Pass size=len(dataset), the same dst, and values of one dtype and row shape on "
+                "every rank; a rank without results passes torch.empty((0, *row_shape), "
+                "dtype=dtype)")
 
 
 def gather_by_index(
@@ -50,7 +54,8 @@ def gather_by_index(
     mine = {"problem": problem, "size": size, "dst": dst}
     if problem is None:
         mine.update(dtype=str(values.dtype), row_shape=tuple(values.shape[1:]), count=len(values))
-    per_rank = agree(mine, ("size", "dst", "dtype", "row_shape"), group, caller="gather_by_index")
+    per_rank = agree(mine, ("size", "dst", "dtype", "row_shape"), group, caller="gather_by_index",
+                     advice=MATCH_ADVICE)
     counts = [fields["count"] for fields in per_rank]
 
     index_dtype = torch.int32 if size <= torch.iinfo(torch.int32).max else torch.int64
