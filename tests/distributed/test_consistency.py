@@ -187,3 +187,31 @@ def test_together_raises_one_rank_failure_on_every_rank():
     per_rank = spawn_local(_failing_together, 3, 1, timeout=60)
     assert per_rank == [("ValueError", "rank 1: _NeedsTwoArguments: rank: broke", True)] * 3
     assert together(lambda: "alone") == "alone"
+
+
+def _bad_batching_on_one_rank() -> dict:
+    rank = torch_dist.get_rank()
+    sampler = _sampler(rank)
+    out = {}
+    for name, batching in (("int", 8 if rank == 2 else {"batch_size": 8}),
+                           ("unpicklable", {"batch_size": 8, "collate": (lambda b: b) if rank == 1
+                                            else None})):
+        try:
+            check_consistent(sampler, batching=batching)
+            out[name] = "ok"
+        except Exception as exc:  # noqa: BLE001 - the test compares errors across ranks
+            out[name] = f"{type(exc).__name__}: {exc}"
+    check_consistent(sampler, batching={"batch_size": 8})  # the ranks are still in step
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_one_rank_with_unusable_batching_fails_every_rank_instead_of_leaving_them_waiting():
+    per_rank = spawn_local(_bad_batching_on_one_rank, 3, timeout=90)
+    assert all(out == per_rank[0] for out in per_rank), per_rank
+    out = per_rank[0]
+    assert out["int"] == ("TypeError: rank 2: batching must be None or a mapping such as "
+                          "{'batch_size': 32, 'drop_last': False}, got 8 (int)")
+    assert out["unpicklable"].startswith(
+        "TypeError: rank 1: check_consistent sends this rank's settings to the others, but they "
+        "cannot be pickled (")

@@ -54,7 +54,17 @@ def agree(
     [{'problem': None, 'size': 7}]
     """
     problem = mine["problem"]
-    per_rank = gather_objects({**mine, "problem": _portable(problem)}, group)
+    sent = {**mine, "problem": _portable(problem)}
+    if problem is None and group_world(group)[0] > 1:
+        try:  # pickled here first: failing inside the collective, this rank would fail alone
+            pickle.dumps(sent)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, every rank raises it
+            problem = TypeError(f"{caller} sends this rank's settings to the others, but they "
+                                f"cannot be pickled ({type(exc).__name__}: {exc}); pass plain "
+                                "values (numbers, strings)")
+            problem.__cause__ = exc
+            sent = {"problem": _portable(problem)}
+    per_rank = gather_objects(sent, group)
     raise_first_problem([fields["problem"] for fields in per_rank], cause=problem)
     differ = disagreements([{key: fields[key] for key in must_match} for fields in per_rank])
     if differ:
@@ -159,11 +169,14 @@ def check_consistent(
     world, _ = group_world(group)
     fields: dict[str, Any] = {}
     try:
+        if batching is not None and not isinstance(batching, Mapping):
+            raise TypeError(f"batching must be None or a mapping such as {{'batch_size': 32, "
+                            f"'drop_last': False}}, got {batching!r} ({type(batching).__name__})")
         if problem is None:
             fields = sampler_fields(sampler)
     # (an unsupported sampler, or one whose config() or fingerprint() failed here)
     except Exception as error:  # noqa: BLE001 - raised on every rank: none waits for this one
-        problem = error
+        problem, batching = problem or error, None
     per_rank = agree({"problem": problem, "rank": getattr(sampler, "rank", None),
                       "fields": fields, "batching": dict(batching or {})}, (), group,
                      caller="check_consistent")
