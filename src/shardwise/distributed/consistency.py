@@ -69,7 +69,8 @@ def agree(
     differ = disagreements([{key: fields[key] for key in must_match} for fields in per_rank])
     if differ:
         raise InconsistentRanksError(f"{caller} needs the same {', '.join(must_match)} on every "
-                                     "rank: " + "; ".join(differ) + (f". {advice}" if advice else ""))
+                                     "rank: " + "; ".join(differ)
+                                     + (f". {advice}" if advice else ""))
     return per_rank
 
 

@@ -129,7 +129,8 @@ def as_indices(indices: torch.Tensor | npt.ArrayLike, size: int) -> torch.Tensor
     size = require_int("size (the dataset length)", size, minimum=0)
     if isinstance(indices, torch.Tensor):
         if indices.device.type == "meta":
-            raise TypeError("indices is a meta tensor (a shape without data): pass the real indices")
+            raise TypeError("indices is a meta tensor (a shape without data): pass the real "
+                            "indices")
         indices = indices.detach().cpu().numpy()
     array = np.asarray(indices)
     if array.size == 0:
