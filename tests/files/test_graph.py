@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.files import Graph, MatrixBlock, load_graph, load_matrix, load_vectors
+from shardwise.files import Graph, MatrixBlock, load_graph, load_matrix, load_vectors, string_ids
 
 
 def test_graph_views_agree(tmp_path: Path) -> None:
@@ -91,3 +91,16 @@ def test_builder_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(RuntimeError, match="WORLD_SIZE is 2 but no process group"):
         load_graph(tmp_path / "g.txt")
+
+
+def test_a_string_vertex_is_a_type_error_naming_string_ids(tmp_path: Path) -> None:
+    # A graph of ids="str" is keyed by the strings' 63-bit ids: asking for a name answered
+    # "no edges" (and in_degree 0), as if the vertex were not there.
+    (tmp_path / "g.txt").write_text("alice,bob\nbob,alice\n")
+    graph = load_graph(tmp_path / "g.txt", ids="str")
+    alice = int(string_ids(["alice"])[0])
+    assert graph.out_degree(alice) == graph.in_degree(alice) == 1
+    for call in (graph.adjacent, graph.out_degree, graph.in_degree):
+        for name in ("alice", b"alice", np.str_("alice")):
+            with pytest.raises(TypeError, match=r"string_ids\(\['alice'\]\)"):
+                call(name)

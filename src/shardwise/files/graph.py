@@ -91,6 +91,7 @@ class Graph:
 
     def in_degree(self, v: int) -> int:
         """The number of this rank's edges that point at ``v``."""
+        _check_vertex(v)
         targets, counts = self._in_counts
         index = int(np.searchsorted(targets, v))
         return int(counts[index]) if index < targets.size and targets[index] == v else 0
@@ -126,6 +127,7 @@ class Graph:
         return graph
 
     def _span(self, v: int) -> tuple[int, int]:
+        _check_vertex(v)
         index = int(np.searchsorted(self.row_ids, v))
         if index < self.row_ids.size and self.row_ids[index] == v:
             return int(self.indptr[index]), int(self.indptr[index + 1])
@@ -134,6 +136,14 @@ class Graph:
     @cached_property
     def _in_counts(self) -> tuple[np.ndarray, np.ndarray]:
         return np.unique(self.dst, return_counts=True)
+
+
+def _check_vertex(v: object) -> None:
+    """Refuse a vertex given by name: vertices are integer ids (``ids="str"``: hashes)."""
+    if isinstance(v, (str, bytes)):
+        name = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+        raise TypeError(f"vertex {v!r} is a name, but a graph's vertices are integer ids: for a "
+                        f"graph loaded with ids='str' pass string_ids([{name!r}])[0]")
 
 
 @plain_pages()
