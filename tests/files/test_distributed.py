@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from shardwise.distributed.launch import spawn_local
 from shardwise.distributed.world import group_world
-from shardwise.files import grid, load_graph, load_matrix, load_vectors
+from shardwise.files import grid, load_graph, load_matrix, load_vectors, string_ids
 from shardwise.files.owners import bucket
 
 # Few distinct ids (so vertices repeat), some far above 2**31.
@@ -143,3 +143,41 @@ def test_without_a_process_group_one_rank_owns_everything(case: dict) -> None:
     with tempfile.TemporaryDirectory() as folder:
         paths, records = _write_case(Path(folder), case)
         _check(1, [_load_everything([paths])], [records])
+
+
+def _undirected_neighbours(path: str) -> dict:
+    """On each rank: v -> (adjacent(v) targets, in_degree(v)) for the vertices it owns, by pattern."""
+    rank, world_size = group_world()[1], group_world()[0]
+    out = {}
+    for pattern in ("fmap", "smap"):
+        graph = load_graph(path, pattern, "undirected", ids="str")
+        src, dst, _ = graph.edges()
+        key = src if pattern == "fmap" else dst
+        assert (bucket(key, world_size) == rank).all(), pattern  # the pattern's rule, mirrored too
+        owned = np.unique(np.concatenate([src, dst]))
+        owned = owned[bucket(owned, world_size) == rank]
+        out[pattern] = {int(v): (sorted(graph.adjacent(v)[0].tolist()), graph.in_degree(v))
+                        for v in owned}
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_undirected_edges_go_by_the_patterns_rule(tmp_path: Path) -> None:
+    # Both directions of every edge are routed by the pattern's rule: under fmap a vertex's owner
+    # holds all its neighbours as adjacent(v); under smap it holds them as its in-edges.
+    names = ["ann", "bo", "cy", "di", "ed", "flo"]
+    edges = [(a, b) for i, a in enumerate(names) for b in names[i:] if (i + len(b)) % 2 == 0]
+    (tmp_path / "g.txt").write_text("".join(f"{a},{b}\n" for a, b in edges))
+    neighbours: dict = {}
+    for a, b in edges:
+        neighbours.setdefault(a, []).append(b)
+        if a != b:  # a self-loop is stored once
+            neighbours.setdefault(b, []).append(a)
+    ids = dict(zip(names, string_ids(names).tolist()))
+    want = {ids[v]: sorted(ids[n] for n in ns) for v, ns in neighbours.items()}
+    per_rank = spawn_local(_undirected_neighbours, 2, str(tmp_path / "g.txt"), timeout=100)
+    fmap = {v: got for rank in per_rank for v, got in rank["fmap"].items()}
+    smap = {v: got for rank in per_rank for v, got in rank["smap"].items()}
+    assert {v: adjacent for v, (adjacent, _) in fmap.items()} == want
+    assert {v: in_degree for v, (_, in_degree) in smap.items()} == {v: len(n) for v, n in want.items()}
+    assert any(adjacent != want[v] for v, (adjacent, _) in smap.items())  # not adjacent(v) there

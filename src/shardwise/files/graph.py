@@ -31,7 +31,9 @@ class Graph:
     ``vertices()`` are the sources of the edges held here. Under ``fmap`` / ``fset`` a vertex's
     out-edges all live on its owner, so ``out_degree`` there is global; under ``smap`` a vertex's
     in-edges do, so ``in_degree`` on its owner is. An undirected graph stores both directions
-    of each edge (a self-loop once), each with the owner of its source. A loaded graph's ``dst``
+    of each edge (a self-loop once), each routed by that rule as an edge of its own: under
+    ``fmap`` / ``fset`` ``adjacent(v)`` on v's owner lists all of v's neighbours, under ``smap``
+    v's in-edges there come from all of them. A loaded graph's ``dst``
     and ``weight`` are views of one array of (target, weight) pairs, 16 bytes apart: take
     ``np.ascontiguousarray`` of one where a contiguous buffer is needed (a collective, say).
 
