@@ -33,9 +33,9 @@ class Graph:
     in-edges do, so ``in_degree`` on its owner is. An undirected graph stores both directions
     of each edge (a self-loop once), each routed by that rule as an edge of its own: under
     ``fmap`` / ``fset`` ``adjacent(v)`` on v's owner lists all of v's neighbours, under ``smap``
-    v's in-edges there come from all of them. A loaded graph's ``dst``
-    and ``weight`` are views of one array of (target, weight) pairs, 16 bytes apart: take
-    ``np.ascontiguousarray`` of one where a contiguous buffer is needed (a collective, say).
+    v's in-edges there come from all of them. A loaded graph's ``dst`` and ``weight`` are views
+    of one array of (target, weight) pairs, 16 bytes apart: take ``np.ascontiguousarray`` of one
+    where a contiguous buffer is needed (a collective, say).
 
     >>> g = Graph.from_edges(np.array([1, 1, 2]), np.array([2, 3, 3]), np.array([.5, 1., 2.]))
     >>> g.vertices().tolist(), g.num_edges, g.out_degree(1), g.in_degree(3)
