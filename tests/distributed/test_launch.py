@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
+from shardwise.distributed import launch
 from shardwise.distributed.launch import LaunchError, RemoteTraceback, spawn_local
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,3 +216,16 @@ def test_no_rank_survives_its_parent(tmp_path: Path, how: str) -> None:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
             parent.wait()
+
+
+@pytest.mark.timeout(120)
+def test_a_port_taken_before_rank_0_listens_on_it_is_traded_for_another(monkeypatch):
+    """The port is found free, then bound by rank 0 seconds later (as it starts): another
+    process may take it in between, which must not fail the launch (EADDRINUSE)."""
+    found_free = launch.free_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        offered = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(launch, "free_port", lambda: next(offered, None) or found_free())
+        assert spawn_local(torch_dist.get_rank, 2, timeout=90) == [0, 1]

@@ -59,6 +59,14 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.text}"""'
 
 
+class _PortTaken(RuntimeError):
+    """Rank 0 could not listen on the port ``free_port`` found free: another process took it in
+    between (spawn_local then starts the ranks again, on another port)."""
+
+
+PORT_TRIES = 3  # ports a spawn_local tries, each found free, before it gives up
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -86,6 +94,9 @@ def spawn_local(
       "rank 1 was killed by SIGKILL (signal 9)";
     - no result within ``timeout`` seconds: :class:`LaunchError` naming the ranks that hang.
 
+    The ranks meet at a port found free on 127.0.0.1; one that another process takes before
+    rank 0 listens on it is traded for another (``PORT_TRIES`` in all).
+
     >>> spawn_local(torch_dist.get_rank, 2)  # doctest: +SKIP
     [0, 1]
     """
@@ -94,8 +105,18 @@ def spawn_local(
     if backend == "nccl" and torch.cuda.device_count() < nprocs:
         raise ValueError(f"backend='nccl' gives each rank a GPU of its own, but this machine has "
                          f"{torch.cuda.device_count()} for {nprocs} ranks: use backend='gloo'")
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            return _spawn(fn, nprocs, args, timeout, backend, free_port())
+        except _PortTaken:
+            if attempt == PORT_TRIES:
+                raise
+
+
+def _spawn(fn: Callable[..., Any], nprocs: int, args: tuple, timeout: float, backend: str,
+           port: int) -> list[Any]:
+    """``spawn_local``, its ranks meeting at ``port``."""
     ctx = mp.get_context("spawn")
-    port = free_port()
     ranks: list[_Rank] = []
     finished = False
     try:
@@ -262,7 +283,12 @@ def _rank_main(fn, rank, world_size, port, backend, conn, parent_pid, args) -> N
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        torch_dist.init_process_group(backend, rank=rank, world_size=world_size)
+        try:
+            torch_dist.init_process_group(backend, rank=rank, world_size=world_size)
+        except torch_dist.DistNetworkError as error:
+            if "EADDRINUSE" in str(error):
+                raise _PortTaken(str(error)) from None
+            raise
         # Plain pickle: a tensor travels by value, not through shared memory that would
         # vanish with this process before the parent reads it.
         report: tuple = ("returned", pickle.dumps(fn(*args)))
