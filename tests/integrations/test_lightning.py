@@ -115,8 +115,8 @@ def test_lightning_rebuilds_a_loader_made_outside_its_hooks_with_every_argument(
     import shardwise
 
     loader = shardwise.DataLoader(Indexed(), batch_size=4, num_workers=1, worker_type="thread",
-                                  device="cpu", progress=False, verify=False, seed=SEED,
-                                  snapshot_every_n_steps=5)
+                                  device="cpu", progress=False, verify=False, distributed=True,
+                                  seed=SEED, snapshot_every_n_steps=5)
     sampler = TorchSampler(Indexed(), num_replicas=2, rank=0, shuffle=False)
     rebuilt = _update_dataloader(loader, sampler)
     assert (rebuilt.worker_type, rebuilt.device, rebuilt.verify, rebuilt.seed,

@@ -5,6 +5,7 @@ import threading
 import time
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -114,6 +115,18 @@ def test_distributed_builds_the_sampler_in_one_line():
 def test_distributed_refuses_a_sampler_of_its_own():
     with pytest.raises(ValueError, match="pass a sampler or distributed=True, not both"):
         DataLoader(Rows(), sampler=[0, 1], distributed=True)
+
+
+@pytest.mark.parametrize("seed", [5, -1, np.int64(3), 1.5, None])
+def test_a_seed_without_distributed_is_refused_not_ignored(seed):
+    # Only the sampler distributed=True builds reads the seed: this loader's RandomSampler would
+    # draw another order each run.
+    with pytest.raises(ValueError, match=r"seed=.* distributed=False: pass distributed=True, or "
+                                         r"seed shuffle=True with generator="):
+        DataLoader(Rows(), batch_size=4, shuffle=True, seed=seed)
+    assert DataLoader(Rows(), shuffle=True, seed=np.int64(0)).seed == 0  # the default
+    given = DistributedSampler(Rows(), num_replicas=1, rank=0, seed=5)
+    assert DataLoader(Rows(), sampler=given, seed=5).sampler is given  # (as Lightning rebuilds)
 
 
 def test_without_cuda_device_and_pinning_warn_and_stay_on_the_cpu():

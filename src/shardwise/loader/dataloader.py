@@ -3,6 +3,7 @@ moves batches through shared memory instead of pickling them."""
 
 from __future__ import annotations
 
+import numbers
 import operator
 import threading
 import warnings
@@ -64,7 +65,8 @@ class DataLoader(TorchDataLoader[T_co]):
       over the whole group), which by default is left alone as torch leaves it (a loop on one
       rank stays possible); ``False`` skips it.
     - ``distributed=True`` builds a :class:`shardwise.DistributedSampler` from ``shuffle``,
-      ``drop_last`` and ``seed``.
+      ``drop_last`` and ``seed`` (a ``seed`` other than 0 without it, and without a sampler of
+      your own, is refused: it would seed nothing).
 
     Example::
 
@@ -134,6 +136,12 @@ class DataLoader(TorchDataLoader[T_co]):
                                          drop_last=drop_last)
         if distributed:
             shuffle = None  # the sampler shuffles
+        elif sampler is None and batch_sampler is None and not _is_default_seed(seed):
+            # Only the sampler distributed=True builds reads it: this loader's own would shuffle
+            # from torch's global generator, in another order each run, with no word said.
+            raise ValueError(f"seed={seed!r} seeds the sampler that distributed=True builds, but "
+                             "this loader has distributed=False: pass distributed=True, or seed "
+                             "shuffle=True with generator=torch.Generator().manual_seed(seed)")
         if sampler is None and batch_sampler is None and not isinstance(dataset, IterableDataset):
             # The samplers torch's loader would make, which also keep the epoch a trainer sets:
             # a state saved on an epoch's last batch needs it (see default_samplers).
@@ -427,6 +435,11 @@ class _Unsplit:
 
     def config(self) -> dict[str, Any]:
         return self._fields
+
+
+def _is_default_seed(seed: object) -> bool:
+    """Whether ``seed`` is the default, 0 (an int, or a NumPy integer)."""
+    return isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and int(seed) == 0
 
 
 def _group_size() -> int:
