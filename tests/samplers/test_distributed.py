@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from torch.utils.data import DistributedSampler as TorchSampler
 
+import shardwise
 import shardwise.samplers.distributed as distributed_module
 from shardwise import DistributedSampler
 from shardwise.order import FeistelOrder
@@ -165,6 +166,27 @@ def test_world_comes_from_the_environment(monkeypatch):
     assert (sampler.num_replicas, sampler.rank) == (5, 3)
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
+    assert (DistributedSampler(20).num_replicas, DistributedSampler(20).rank) == (1, 0)
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but RANK is not, so every process would take "
+                          "rank 0's share: set RANK too"),
+    ({"RANK": "1"}, "RANK=1 is set but WORLD_SIZE is not: set WORLD_SIZE too"),
+])
+def test_half_a_world_in_the_environment_is_refused(monkeypatch, env, message):
+    # Each process launched with WORLD_SIZE alone took rank 0's share: half the data, repeated.
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        DistributedSampler(20)
+    with pytest.raises(ValueError, match=message):
+        shardwise.DataLoader(torch.arange(20), distributed=True)
+    assert DistributedSampler(20, num_replicas=2, rank=1).rank == 1  # given: taken as given
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
     assert (DistributedSampler(20).num_replicas, DistributedSampler(20).rank) == (1, 0)
 
 

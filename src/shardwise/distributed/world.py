@@ -17,7 +17,8 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None, *,
     """Return ``(num_replicas, rank)``, filling what is ``None`` from the job.
 
     The initialised default process group wins; else ``WORLD_SIZE`` / ``RANK`` from the
-    environment (as ``torchrun`` sets them); else a single process (1, 0). ``name``: what the
+    environment (as ``torchrun`` sets them: both, or neither for more than one rank); else a
+    single process (1, 0). ``name``: what the
     caller calls the number of ranks, for its errors (samplers say ``num_replicas``, as torch's).
 
     >>> resolve_world(4, 2)
@@ -27,10 +28,13 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None, *,
     ...
     ValueError: world_size must be at least 1, got 0
     """
+    from_env = num_replicas is None and rank is None
     if num_replicas is None:
         num_replicas = _discover("WORLD_SIZE", torch_dist.get_world_size, default=1, minimum=1)
     if rank is None:
         rank = _discover("RANK", torch_dist.get_rank, default=0, minimum=0)
+    if from_env and not (torch_dist.is_available() and torch_dist.is_initialized()):
+        _require_both(num_replicas, rank)
     num_replicas = require_int(name, num_replicas, minimum=1, maximum=2**63 - 1)
     rank = require_int("rank", rank)
     if not 0 <= rank < num_replicas:  # torch's DistributedSampler's words, for drop-in use
@@ -38,6 +42,22 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None, *,
             f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
         )
     return num_replicas, rank
+
+
+def _require_both(num_replicas: int, rank: int) -> None:
+    """Refuse an environment that sets only one of ``WORLD_SIZE`` and ``RANK`` for many ranks:
+    every process would take the default for the other (rank 0's share, or a world of one)."""
+    world_set, rank_set = "WORLD_SIZE" in os.environ, "RANK" in os.environ
+    if world_set and not rank_set and num_replicas > 1:
+        raise ValueError(f"environment variable WORLD_SIZE={num_replicas} is set but RANK is not, "
+                         "so every process would take rank 0's share: set RANK too (torchrun "
+                         "sets both), call torch.distributed.init_process_group first, or pass "
+                         "num_replicas and rank")
+    if rank_set and not world_set and rank > 0:
+        raise ValueError(f"environment variable RANK={rank} is set but WORLD_SIZE is not: set "
+                         "WORLD_SIZE too (torchrun sets both), call "
+                         "torch.distributed.init_process_group first, or pass num_replicas and "
+                         "rank")
 
 
 def _discover(env_name: str, from_group, default: int, minimum: int) -> int:
