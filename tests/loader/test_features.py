@@ -78,6 +78,22 @@ def test_stats_count_the_pass(workers):
     assert "5 batches, 45 samples" in str(stats)
 
 
+@pytest.mark.parametrize(("workers", "worker_type"), [(0, "process"), (2, "process"),
+                                                     (2, "thread")])
+def test_stats_of_a_pass_that_ended_stop_counting_time(workers, worker_type):
+    # Its seconds ran on after the pass: samples/s and the stall shrank each time they were read.
+    loader = DataLoader(Rows(), batch_size=10, num_workers=workers, worker_type=worker_type)
+    list(loader)
+    ended = loader.stats
+    time.sleep(0.3)
+    assert loader.stats.seconds == ended.seconds and loader.stats.stall == ended.stall
+    for _ in loader:
+        break  # a pass dropped is over too
+    left = loader.stats
+    time.sleep(0.3)
+    assert loader.stats.seconds == left.seconds and left.batches == 1
+
+
 def test_progress_shows_a_bar_and_a_summary(capsys):
     list(DataLoader(Rows(), batch_size=10, progress=True))
     assert "5 batches, 45 samples" in capsys.readouterr().err

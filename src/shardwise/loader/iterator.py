@@ -204,6 +204,7 @@ class LoaderIterator(_BaseDataLoaderIter):
         self._open_indices(first, resume, restored)
         self._put_dataset_back()
         self.clock = Clock(self._num_workers)
+        weakref.finalize(self, self.clock.stop)  # a pass dropped (`break`) is over too
         self._fetcher = None if self._num_workers else _DatasetKind.create_fetcher(
             loader._dataset_kind, loader.dataset, self._auto, loader.collate_fn, loader.drop_last)
         iterator = self._iterator = getattr(self._fetcher, "dataset_iter", None)
@@ -397,6 +398,7 @@ class LoaderIterator(_BaseDataLoaderIter):
             except StopIteration:
                 self._note_ends(self._passed_ends)
                 self.record.finished = True
+                self.clock.stop()
                 self._loader._on_pass_end(self)
                 if not self._loader.persistent_workers:
                     self.close()
@@ -636,8 +638,14 @@ class LoaderIterator(_BaseDataLoaderIter):
         """End this pass for a new one on the same persistent workers: ``next`` raises
         ``StopIteration`` from here on, and its stages stop (the workers go on)."""
         self._closed = True
+        self._stop_clock()
         self._stop_stages()
         self._pool_owner = self._pool = None  # the workers are the new pass's now
+
+    def _stop_clock(self) -> None:
+        clock = getattr(self, "clock", None)  # (none before the pass began)
+        if clock is not None:
+            clock.stop()
 
     def _stop(self, cause: str) -> None:
         """End the pass early, for ``cause``: its workers stop at once."""
@@ -651,6 +659,7 @@ class LoaderIterator(_BaseDataLoaderIter):
         The pass is over: ``next`` raises ``StopIteration`` from here on.
         """
         self._closed = True
+        self._stop_clock()
         self._stop_stages()
         if self._pool_owner is not None:
             self._pool_owner.close(grace)

@@ -30,7 +30,7 @@ class LoaderStats:
 
     batches: int
     samples: int
-    seconds: float  # since the pass began
+    seconds: float  # from the pass's start to now, or to its end (or to when it was dropped)
     waiting_seconds: float  # inside next(), waiting for a batch
     workers: tuple[WorkerStats, ...] = ()
 
@@ -53,9 +53,15 @@ class Clock:
 
     def __init__(self, workers: int) -> None:
         self.started = time.perf_counter()
+        self.stopped: float | None = None  # when the pass ended (or was dropped)
         self.waiting = 0.0
         self.made = [0] * workers
         self.busy = [0.0] * workers
+
+    def stop(self) -> None:
+        """The pass is over: its seconds stop counting (the first call decides)."""
+        if self.stopped is None:
+            self.stopped = time.perf_counter()
 
     def waited(self, seconds: float) -> None:
         self.waiting += seconds
@@ -67,5 +73,5 @@ class Clock:
     def stats(self, batches: int, samples: int) -> LoaderStats:
         workers = tuple(WorkerStats(w, made, busy)
                         for w, (made, busy) in enumerate(zip(self.made, self.busy)))
-        return LoaderStats(batches, samples, time.perf_counter() - self.started, self.waiting,
-                           workers)
+        end = time.perf_counter() if self.stopped is None else self.stopped
+        return LoaderStats(batches, samples, end - self.started, self.waiting, workers)
