@@ -94,6 +94,41 @@ def test_stats_of_a_pass_that_ended_stop_counting_time(workers, worker_type):
     assert loader.stats.seconds == left.seconds and left.batches == 1
 
 
+class SlowFirst(Rows):
+    """Index 0 comes late: the other worker's batches arrive before the first is delivered."""
+
+    def __getitem__(self, index: int) -> dict:
+        if index == 0:
+            time.sleep(0.5)
+        if index == 23:
+            raise ValueError("no row 23")
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_stats_count_what_was_delivered_by_each_worker(worker_type):
+    # Counted as they arrived, worker 1's batches made ahead of worker 0's late first one were
+    # in the per-worker counts (3 for 1 delivered); a batch whose loading raised was counted
+    # as a batch, and its samples as delivered.
+    loader = DataLoader(SlowFirst(), batch_size=4, num_workers=2, worker_type=worker_type)
+    for _ in loader:
+        break
+    stats = loader.stats
+    assert (stats.batches, stats.samples, sum(w.batches for w in stats.workers)) == (1, 4, 1)
+    delivered = []
+    batches = iter(loader)
+    while True:
+        try:
+            delivered.append(next(batches))
+        except ValueError:  # batch 5 (indices 20..23) failed; the pass goes on
+            continue
+        except StopIteration:
+            break
+    stats = loader.stats
+    assert len(delivered) == stats.batches == 11 and stats.samples == 45 - 4
+    assert sum(w.batches for w in stats.workers) == 11
+
+
 def test_progress_shows_a_bar_and_a_summary(capsys):
     list(DataLoader(Rows(), batch_size=10, progress=True))
     assert "5 batches, 45 samples" in capsys.readouterr().err

@@ -305,7 +305,7 @@ class DataLoader(TorchDataLoader[T_co]):
         """The current (or last) pass: batches, samples per second, time waiting for data."""
         if self._clock is None or self._record is None:
             return LoaderStats(0, 0, 0.0, 0.0)
-        return self._clock.stats(self._record.batches, self._record.samples)
+        return self._clock.stats()
 
     # -- hooks the iterator calls ----------------------------------------------------------------
 

@@ -431,6 +431,7 @@ class LoaderIterator(_BaseDataLoaderIter):
                 finally:
                     del error
             self.clock.waited(time.perf_counter() - asked)
+            self.clock.delivered(worker, count)
             self._loader._on_batch(self)
             if self._told_length is not None and self.record.batches > self._told_length:
                 self._warn_past_length()

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class WorkerStats:
-    """One worker's share of a pass: batches made and seconds spent making them."""
+    """One worker's share of a pass: its batches delivered, and the seconds it spent making
+    batches (those it made ahead, not delivered yet, too)."""
 
     worker: int
     batches: int
@@ -22,7 +23,8 @@ class WorkerStats:
 
 @dataclass(frozen=True)
 class LoaderStats:
-    """A pass so far. ``stall`` is the share of the pass the caller spent waiting for data.
+    """A pass so far: the batches and samples delivered to the caller (a batch whose loading
+    raised is not one). ``stall`` is the share of the pass the caller spent waiting for data.
 
     >>> LoaderStats(batches=10, samples=640, seconds=2.0, waiting_seconds=0.5).stall
     0.25
@@ -55,8 +57,9 @@ class Clock:
         self.started = time.perf_counter()
         self.stopped: float | None = None  # when the pass ended (or was dropped)
         self.waiting = 0.0
-        self.made = [0] * workers
+        self.made = [0] * workers  # batches delivered, by worker
         self.busy = [0.0] * workers
+        self.batches = self.samples = 0
 
     def stop(self) -> None:
         """The pass is over: its seconds stop counting (the first call decides)."""
@@ -67,11 +70,18 @@ class Clock:
         self.waiting += seconds
 
     def worked(self, worker: int, seconds: float) -> None:
-        self.made[worker] += 1
+        """``worker`` made a batch (delivered or not) in ``seconds``."""
         self.busy[worker] += seconds
 
-    def stats(self, batches: int, samples: int) -> LoaderStats:
+    def delivered(self, worker: int | None, samples: int) -> None:
+        """A batch of ``samples`` from ``worker`` (``None``: this process) reached the caller."""
+        self.batches += 1
+        self.samples += samples
+        if worker is not None:
+            self.made[worker] += 1
+
+    def stats(self) -> LoaderStats:
         workers = tuple(WorkerStats(w, made, busy)
                         for w, (made, busy) in enumerate(zip(self.made, self.busy)))
         end = time.perf_counter() if self.stopped is None else self.stopped
-        return LoaderStats(batches, samples, end - self.started, self.waiting, workers)
+        return LoaderStats(self.batches, self.samples, end - self.started, self.waiting, workers)
