@@ -18,8 +18,8 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None, *,
 
     The initialised default process group wins; else ``WORLD_SIZE`` / ``RANK`` from the
     environment (as ``torchrun`` sets them: both, or neither for more than one rank); else a
-    single process (1, 0). ``name``: what the
-    caller calls the number of ranks, for its errors (samplers say ``num_replicas``, as torch's).
+    single process (1, 0). ``name``: what the caller calls the number of ranks, for its errors
+    (samplers say ``num_replicas``, as torch's).
 
     >>> resolve_world(4, 2)
     (4, 2)
