@@ -170,8 +170,8 @@ def test_world_comes_from_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize(("env", "message"), [
-    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but RANK is not, so every process would take "
-                          "rank 0's share: set RANK too"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but no rank \\(no RANK in the environment, no "
+                          "process group\\), so every process would take rank 0's share"),
     ({"RANK": "1"}, "RANK=1 is set but WORLD_SIZE is not: set WORLD_SIZE too"),
 ])
 def test_half_a_world_in_the_environment_is_refused(monkeypatch, env, message):
@@ -272,3 +272,19 @@ def test_uneven_ranks_each_resumed_from_their_own_state_at_the_end_agree():
                           .state_dict(consumed=10))
     ahead.set_epoch(0)
     assert ahead.fingerprint() != resumed[0].fingerprint()  # ranks far apart still disagree
+
+
+def test_a_number_of_replicas_without_a_rank_is_refused_as_torch_refuses_it(monkeypatch):
+    # Every process took rank 0's share, silently, where torch's sampler raises (no group).
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match="process group"):  # (torch's words)
+        TorchSampler(range(20), num_replicas=2)
+    with pytest.raises(ValueError, match=r"num_replicas=2 was given but no rank .*pass rank too"):
+        DistributedSampler(20, num_replicas=2)
+    with pytest.raises(ValueError, match=r"world_size=3 was given but no rank"):
+        shardwise.shard_iterable(range(9), world_size=3)
+    assert DistributedSampler(20, num_replicas=1).rank == 0
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert DistributedSampler(20, num_replicas=2).rank == 1  # (the rank, from the environment)

@@ -28,14 +28,14 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None, *,
     ...
     ValueError: world_size must be at least 1, got 0
     """
-    from_env = num_replicas is None and rank is None
+    told = num_replicas is not None, rank is not None
     if num_replicas is None:
         num_replicas = _discover("WORLD_SIZE", torch_dist.get_world_size, default=1, minimum=1)
     if rank is None:
         rank = _discover("RANK", torch_dist.get_rank, default=0, minimum=0)
-    if from_env and not (torch_dist.is_available() and torch_dist.is_initialized()):
-        _require_both(num_replicas, rank)
     num_replicas = require_int(name, num_replicas, minimum=1, maximum=2**63 - 1)
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        _require_both(num_replicas, rank, told, name)
     rank = require_int("rank", rank)
     if not 0 <= rank < num_replicas:  # torch's DistributedSampler's words, for drop-in use
         raise ValueError(
@@ -44,16 +44,18 @@ def resolve_world(num_replicas: int | None = None, rank: int | None = None, *,
     return num_replicas, rank
 
 
-def _require_both(num_replicas: int, rank: int) -> None:
-    """Refuse an environment that sets only one of ``WORLD_SIZE`` and ``RANK`` for many ranks:
-    every process would take the default for the other (rank 0's share, or a world of one)."""
-    world_set, rank_set = "WORLD_SIZE" in os.environ, "RANK" in os.environ
+def _require_both(num_replicas: int, rank: int, told: tuple[bool, bool], name: str) -> None:
+    """Refuse a world of many ranks that does not say which one this is (nor the reverse):
+    every process would take the default, rank 0's share (or a world of one). ``told``: whether
+    the caller gave the number of ranks, and the rank."""
+    world_set, rank_set = told[0] or "WORLD_SIZE" in os.environ, told[1] or "RANK" in os.environ
     if world_set and not rank_set and num_replicas > 1:
-        raise ValueError(f"environment variable WORLD_SIZE={num_replicas} is set but RANK is not, "
-                         "so every process would take rank 0's share: set RANK too (torchrun "
-                         "sets both), call torch.distributed.init_process_group first, or pass "
-                         "num_replicas and rank")
-    if rank_set and not world_set and rank > 0:
+        given = (f"{name}={num_replicas} was given" if told[0] else
+                 f"environment variable WORLD_SIZE={num_replicas} is set")
+        raise ValueError(f"{given} but no rank (no RANK in the environment, no process group), so "
+                         "every process would take rank 0's share: pass rank too, set RANK "
+                         "(torchrun sets both), or call torch.distributed.init_process_group first")
+    if not any(told) and rank_set and not world_set and rank > 0:
         raise ValueError(f"environment variable RANK={rank} is set but WORLD_SIZE is not: set "
                          "WORLD_SIZE too (torchrun sets both), call "
                          "torch.distributed.init_process_group first, or pass num_replicas and "
