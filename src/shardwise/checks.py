@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
@@ -27,6 +28,19 @@ def require_int(
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return value
+
+
+def refuse_unordered(name: str, value: object, item: str) -> None:
+    """Refuse a mapping or a set given for ``name``, one ``item`` per sample in sample order:
+    iterating it gives keys, or an order of its own (per process, for strings).
+
+    >>> refuse_unordered("weights", {0: 1.0}, "weight")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: weights must be a sequence of one weight per sample, in sample order, got a dict: ...
+    """
+    if isinstance(value, (Mapping, AbstractSet)):
+        raise TypeError(f"{name} must be a sequence of one {item} per sample, in sample order, "
+                        f"got a {type(value).__name__}: pass a list, an array or a tensor")
 
 
 def require_bool(name: str, value: object) -> bool:

@@ -16,14 +16,13 @@ per epoch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardwise.checks import require_int
+from shardwise.checks import refuse_unordered, require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import digest, mix64, mix_arrays, mix_ints
 from shardwise.order import feistel_take
@@ -155,9 +154,7 @@ def _class_codes(labels: Any) -> tuple[np.ndarray, np.ndarray]:
         if labels.dtype == torch.bfloat16:  # (NumPy has none: every bfloat16 is a float32)
             labels = labels.float()
         labels = labels.numpy()
-    if isinstance(labels, (Mapping, AbstractSet)):
-        raise TypeError(f"labels must be a sequence of one label per sample, in sample order, got "
-                        f"a {type(labels).__name__}: pass a list, an array or a tensor")
+    refuse_unordered("labels", labels, "label")
     if not isinstance(labels, np.ndarray) and hasattr(labels, "__array__"):
         labels = np.asarray(labels)  # (pandas: list() of a DataFrame gives its column names)
     given = labels if isinstance(labels, np.ndarray) else list(labels)

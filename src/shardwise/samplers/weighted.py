@@ -12,14 +12,13 @@ draws alike (in rank order, lower ranks would draw heavier samples).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardwise.checks import require_bool, require_int
+from shardwise.checks import refuse_unordered, require_bool, require_int
 from shardwise.distributed.world import resolve_world
 from shardwise.mix import digest, mix_arrays, mix_ints
 from shardwise.order import feistel_take
@@ -155,9 +154,7 @@ def _checked_weights(weights: Any) -> np.ndarray:
         if weights.is_complex():  # (torch would drop the imaginary parts, with a warning)
             raise TypeError(f"weights must be numbers, got {weights.dtype} values")
         weights = weights.detach().cpu().to(torch.float64).numpy()  # (NumPy has no bfloat16)
-    if isinstance(weights, (Mapping, AbstractSet)):
-        raise TypeError(f"weights must be a sequence of one weight per sample, in sample order, "
-                        f"got a {type(weights).__name__}: pass a list, an array or a tensor")
+    refuse_unordered("weights", weights, "weight")
     if isinstance(weights, Iterator):  # (NumPy makes one object of a generator)
         weights = list(weights)
     values = np.asarray(weights)
