@@ -470,7 +470,6 @@ class LoaderIterator(_BaseDataLoaderIter):
         """Count a batch (of ``count`` indices, from ``worker``, at ``place`` in the pass) as
         past: delivered, or failed and passed over."""
         self.record.batches += 1
-        self.record.samples += count
         if self._map:  # (a stream's places are not kept: it resumes by count, or by its state)
             self.record.past(place, count)
         if worker is not None:

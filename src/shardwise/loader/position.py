@@ -79,7 +79,6 @@ class PassRecord:
     drew_base_seed: bool = False  # the pass drew the base seed (the first pass of its workers)
     resumed_batches: int = 0  # batches a resumed pass started after
     batches: int = 0  # delivered by this pass
-    samples: int = 0  # indices behind the batches this pass delivered
     taken: int = 0  # batches of indices drawn from the sampler (delivered, or sent ahead)
     finished: bool = False
     out_of_order: bool = False
