@@ -135,13 +135,10 @@ def _load_rank(options: dict) -> list[LoadStats]:
         progress = lambda done, total: bar.update(task, completed=done, total=total)
         stats, arrays = _load(options, progress)
     if options["save"] is not None:  # (a rank that cannot save says so on every rank)
-        together(lambda: _save(options["save"], f"rank-{rank:05d}-of-{world_size:05d}.npz", arrays))
+        # (the folder was made before the load: see run)
+        path = options["save"] / f"rank-{rank:05d}-of-{world_size:05d}.npz"
+        together(lambda: np.savez(path, **arrays))
     return gather_objects(stats)
-
-
-def _save(folder: Path, name: str, arrays: dict[str, np.ndarray]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    np.savez(folder / name, **arrays)
 
 
 def _load(options: dict, progress) -> tuple[LoadStats, dict[str, np.ndarray]]:
